@@ -1,0 +1,34 @@
+# Sourced by quickstart.sh and test.sh: create or reuse .venv and install Quiver with the given extras.
+# Usage: source scripts/_setup_venv.sh [extras]   (e.g. "test")
+set -euo pipefail
+extras="${1:-}"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${QUIVER_VENV:-$repo/.venv}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[setup] creating $venv"
+  "$python" -m venv "$venv"
+fi
+# shellcheck disable=SC1091
+source "$venv/bin/activate"
+
+# Re-install only when the dependency files or the extras changed.
+stamp="$venv/.quiver-install-stamp"
+want="$(cat "$repo/setup.py" "$repo/requirements.txt" | sha256sum | cut -c1-16)-${extras}"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  if python -c "import torch" 2>/dev/null; then
+    echo "[setup] torch $(python -c 'import torch; print(torch.__version__)') already installed"
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "[setup] CUDA found: installing torch with CUDA"
+    pip install torch
+  else
+    echo "[setup] no CUDA: installing torch==2.13.0 (CPU build)"
+    pip install torch==2.13.0
+  fi
+  spec="$repo"
+  [ -n "$extras" ] && spec="$repo[$extras]"
+  pip install -e "$spec"
+  echo "$want" > "$stamp"
+fi
+export TOKENIZERS_PARALLELISM=false

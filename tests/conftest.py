@@ -1,0 +1,42 @@
+"""Shared fixtures: one tiny model, one synthetic data set and one Ray session for the whole test run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny Qwen2 model and its in-process trained tokenizer, saved in HF format."""
+    from verl.utils.tiny_model import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny_model")
+    build_tiny_model(str(out), seed=0)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def arithmetic_data_dir(tmp_path_factory):
+    """train.parquet / test.parquet of the synthetic arithmetic task in verl's row schema."""
+    from verl.utils.dataset.arithmetic import write_arithmetic_dataset
+
+    out = tmp_path_factory.mktemp("arithmetic")
+    write_arithmetic_dataset(str(out), train_size=256, test_size=32, seed=0)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance shared by every test that needs workers (starting Ray costs seconds)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,94 @@
+import pytest
+
+from verl.trainer.main_ppo import main, parse_cli
+from verl.utils.config import ConfigError, load_config, validate_ppo_config
+
+
+def test_defaults_load_and_validate():
+    cfg = load_config()
+    assert cfg.actor_rollout_ref.rollout.prompt_length == cfg.data.max_prompt_length
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
+    validate_ppo_config(cfg)
+
+
+def test_override_applies():
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.n=8", "data.train_batch_size=32"])
+    assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.data.train_batch_size == 32
+
+
+def test_typo_key_names_key_and_suggestion():
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=["actor_rollout_ref.actor.ppo_mini_batchsize=4"])
+    message = str(err.value)
+    assert "actor_rollout_ref.actor.ppo_mini_batchsize" in message
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size" in message  # the suggestion
+    assert "+actor_rollout_ref" in message
+
+
+def test_plus_prefix_adds_a_new_key():
+    cfg = load_config(overrides=["+actor_rollout_ref.model.override_config.attention_dropout=0.0"])
+    assert cfg.actor_rollout_ref.model.override_config.attention_dropout == 0.0
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("data.train_batch_size=abc", "data.train_batch_size='abc' must be an integer"),
+    ("actor_rollout_ref.actor.use_kl_loss=3", "must be true/false"),
+    ("actor_rollout_ref.actor.clip_ratio=wide", "must be a number"),
+])
+def test_wrong_type_names_key(override, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(overrides=[override])
+
+
+def test_int_accepted_for_float():
+    cfg = load_config(overrides=["actor_rollout_ref.actor.clip_ratio=1"])
+    assert cfg.actor_rollout_ref.actor.clip_ratio == 1
+
+
+def test_batch_size_not_dividing():
+    cfg = load_config(overrides=["data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=8"])
+    with pytest.raises(ConfigError) as err:
+        validate_ppo_config(cfg)
+    assert "data.train_batch_size=12 must be divisible by actor_rollout_ref.actor.ppo_mini_batch_size=8" in str(err.value)
+
+
+def test_responses_not_dividing_ranks():
+    cfg = load_config(overrides=["data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+                                 "actor_rollout_ref.rollout.n=1", "trainer.n_gpus_per_node=2"])
+    with pytest.raises(ConfigError, match="3 responses must be divisible by the number of ranks"):
+        validate_ppo_config(cfg)
+
+
+def test_micro_batch_not_dividing():
+    cfg = load_config(overrides=["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5"])
+    with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu=5"):
+        validate_ppo_config(cfg)
+
+
+def test_unknown_names_and_missing_files():
+    cfg = load_config(overrides=["algorithm.adv_estimator=nope", "actor_rollout_ref.actor.policy_loss.loss_mode=x",
+                                 "data.train_files=/no/such.parquet", "trainer.device=tpu"])
+    with pytest.raises(ConfigError) as err:
+        validate_ppo_config(cfg)
+    message = str(err.value)
+    for fragment in ("algorithm.adv_estimator='nope'", "grpo", "loss_mode='x'", "vanilla",
+                     "data.train_files: file not found: /no/such.parquet", "trainer.device='tpu'"):
+        assert fragment in message
+
+
+def test_dynamic_bsz_budget_too_small():
+    cfg = load_config(overrides=["actor_rollout_ref.actor.use_dynamic_bsz=true",
+                                 "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64"])
+    with pytest.raises(ConfigError, match="ppo_max_token_len_per_gpu=64 must be at least"):
+        validate_ppo_config(cfg)
+
+
+def test_parse_cli_config_flags():
+    config_dir, name, overrides = parse_cli(["--config-name=ppo_trainer.yaml", "-cp", "/tmp/x", "a.b=1"])
+    assert (config_dir, name, overrides) == ("/tmp/x", "ppo_trainer", ["a.b=1"])
+
+
+def test_main_exits_2_with_message_before_anything_starts(capsys):
+    assert main(["trainer.total_epoch=3"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config key 'trainer.total_epoch'" in err and "trainer.total_epochs" in err

@@ -1,0 +1,270 @@
+"""Loading the Hydra config tree and checking it before any worker starts.
+
+Three kinds of mistakes are caught here, each with a message that names the key, its value and the fix:
+1. an override of a key that does not exist (with the closest existing names as suggestions);
+2. a value of the wrong type for its key (compared with the type of the default in the YAML);
+3. values that cannot work together (batch sizes that do not divide, unknown algorithm names, missing files).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "trainer" / "config")
+
+
+class ConfigError(ValueError):
+    """A config mistake the user can fix; the message says which key and how."""
+
+
+def _flatten(cfg: DictConfig, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key in cfg.keys():
+        path = f"{prefix}{key}"
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig):
+            out[path] = node
+            out.update(_flatten(node, path + "."))
+        else:
+            out[path] = node
+    return out
+
+
+def _override_key(override: str) -> str | None:
+    """The dotted key an `a.b=c` override sets; None for additions (+), deletions (~) and Hydra's own keys."""
+    if "=" not in override or override.startswith(("+", "~", "hydra.", "--")):
+        return None
+    return override.split("=", 1)[0].strip()
+
+
+def check_override_keys(base: DictConfig, overrides: Iterable[str]) -> None:
+    """Raise ConfigError for overrides that name a key the config does not have."""
+    known = _flatten(base)
+    problems = []
+    for override in overrides:
+        key = _override_key(override)
+        if key is None or key in known:
+            continue
+        close = difflib.get_close_matches(key, known.keys(), n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        problems.append(f"unknown config key '{key}' (from the override '{override}').{hint} "
+                        f"To add a new key on purpose, write '+{override}'.")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+_TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list",
+               dict: "a mapping"}
+
+
+def _kind(value: Any) -> type | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return bool
+    if isinstance(value, int):
+        return int
+    if isinstance(value, float):
+        return float
+    if isinstance(value, str):
+        return str
+    if isinstance(value, (list, tuple, ListConfig)):
+        return list
+    if isinstance(value, (dict, DictConfig)):
+        return dict
+    return type(value)
+
+
+def check_types(defaults: DictConfig, cfg: DictConfig, prefix: str = "") -> None:
+    """Raise ConfigError where a value's type differs from its default's (null defaults accept anything)."""
+    problems = []
+    for key in defaults.keys():
+        path = f"{prefix}{key}"
+        default_node = defaults._get_node(key)
+        if key not in cfg:
+            continue
+        if isinstance(default_node, DictConfig):
+            if not isinstance(cfg._get_node(key), DictConfig):
+                problems.append(f"{path} must be a mapping, got {OmegaConf.to_container(cfg)[key]!r}")
+                continue
+            try:
+                check_types(default_node, cfg[key], path + ".")
+            except ConfigError as err:
+                problems.append(str(err))
+            continue
+        if OmegaConf.is_interpolation(defaults, key) or OmegaConf.is_missing(defaults, key):
+            continue
+        want, value = _kind(default_node._value()), cfg[key]
+        got = _kind(value)
+        if want is None or got is None or want is got or want is str:
+            continue
+        if want is float and got is int:
+            continue
+        problems.append(f"{path}={value!r} must be {_TYPE_NAMES.get(want, want.__name__)} "
+                        f"(default: {default_node._value()!r})")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def load_config(config_name: str = "ppo_trainer", overrides: list[str] | None = None,
+                config_dir: str = CONFIG_DIR) -> DictConfig:
+    """Compose a config from the YAML and `k=v` overrides, checking keys and types (used by tests and tools)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides or [])
+    if not os.path.exists(os.path.join(config_dir, f"{config_name}.yaml")):
+        raise ConfigError(f"no config named {config_name!r} in {config_dir} (--config-path / --config-name)")
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            base = compose(config_name=config_name)
+            check_override_keys(base, overrides)
+            cfg = compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"could not apply the overrides {overrides}: {err}") from err
+    check_types(base, cfg)
+    return cfg
+
+
+def _need(condition: bool, message: str, problems: list[str]) -> None:
+    if not condition:
+        problems.append(message)
+
+
+def resolve_device(requested: str) -> str:
+    """`trainer.device`: auto -> cuda when available, else cpu."""
+    import torch
+
+    if requested not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"trainer.device={requested!r} must be one of auto, cpu, cuda")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu (or auto)")
+    return requested
+
+
+def validate_ppo_config(cfg: DictConfig) -> None:
+    """Check the rules that make a PPO/GRPO run possible; raise one ConfigError listing every broken rule."""
+    from verl.trainer.ppo import core_algos
+
+    problems: list[str] = []
+    data, actor = cfg.data, cfg.actor_rollout_ref.actor
+    rollout, ref = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref
+    n_ranks = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    n = rollout.n
+
+    for key in ("trainer.nnodes", "trainer.n_gpus_per_node", "data.train_batch_size", "actor_rollout_ref.rollout.n",
+                "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_epochs",
+                "data.max_prompt_length", "data.max_response_length"):
+        value = OmegaConf.select(cfg, key)
+        _need(isinstance(value, int) and value >= 1, f"{key}={value} must be a positive integer", problems)
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+    _need(cfg.trainer.device in ("auto", "cpu", "cuda"),
+          f"trainer.device={cfg.trainer.device!r} must be one of auto, cpu, cuda", problems)
+    _need(data.truncation in ("error", "left", "right", "middle"),
+          f"data.truncation={data.truncation!r} must be one of error, left, right, middle", problems)
+    _need(rollout.name in ("auto", "hf", "vllm"),
+          f"actor_rollout_ref.rollout.name={rollout.name!r} must be one of auto, hf, vllm", problems)
+    _need(rollout.mode in ("sync",),
+          f"actor_rollout_ref.rollout.mode={rollout.mode!r} is not available; use sync", problems)
+
+    # Batch sizes. train_batch_size and ppo_mini_batch_size count prompts; each prompt has n responses.
+    bsz, mini = data.train_batch_size, actor.ppo_mini_batch_size
+    _need(bsz * n % n_ranks == 0,
+          f"data.train_batch_size * actor_rollout_ref.rollout.n = {bsz} * {n} = {bsz * n} responses must be divisible "
+          f"by the number of ranks trainer.nnodes * trainer.n_gpus_per_node = {n_ranks}", problems)
+    _need(mini <= bsz, f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must be <= data.train_batch_size={bsz}",
+          problems)
+    _need(bsz % mini == 0,
+          f"data.train_batch_size={bsz} must be divisible by actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+          problems)
+    _need(mini * n % n_ranks == 0,
+          f"actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n = {mini} * {n} = {mini * n} must be divisible by "
+          f"the number of ranks {n_ranks} (trainer.nnodes * trainer.n_gpus_per_node)", problems)
+    if actor.ppo_micro_batch_size is not None and actor.ppo_micro_batch_size_per_gpu is not None:
+        problems.append("set only one of actor_rollout_ref.actor.ppo_micro_batch_size (deprecated, global) and "
+                        "ppo_micro_batch_size_per_gpu")
+    micro = actor.ppo_micro_batch_size_per_gpu
+    if actor.ppo_micro_batch_size is not None:
+        micro = max(1, actor.ppo_micro_batch_size // n_ranks)
+    if not actor.use_dynamic_bsz and micro is not None and mini * n % n_ranks == 0:
+        per_rank = mini * n // n_ranks
+        _need(micro >= 1 and per_rank % micro == 0,
+              f"the per-rank mini-batch (ppo_mini_batch_size * n / ranks = {per_rank}) must be divisible by "
+              f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}", problems)
+    seq_len = data.max_prompt_length + data.max_response_length
+    if actor.use_dynamic_bsz:
+        _need(actor.ppo_max_token_len_per_gpu >= seq_len,
+              f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} must be at least "
+              f"data.max_prompt_length + data.max_response_length = {seq_len}", problems)
+        for key in ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"):
+            value = OmegaConf.select(cfg, key)
+            _need(value >= seq_len, f"{key}={value} must be at least max_prompt_length + max_response_length = "
+                  f"{seq_len}", problems)
+    for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
+        value = OmegaConf.select(cfg, key)
+        _need(value is None or value >= 1, f"{key}={value} must be >= 1 (or null)", problems)
+    _need(rollout.micro_batch_size is None or rollout.micro_batch_size >= 1,
+          f"actor_rollout_ref.rollout.micro_batch_size={rollout.micro_batch_size} must be >= 1 (or null)", problems)
+    if rollout.val_kwargs.n > 1 and not rollout.val_kwargs.do_sample:
+        problems.append(f"actor_rollout_ref.rollout.val_kwargs.n={rollout.val_kwargs.n} needs "
+                        "val_kwargs.do_sample=true (greedy samples would all be equal)")
+    _need(data.val_batch_size is None or data.val_batch_size >= 1,
+          f"data.val_batch_size={data.val_batch_size} must be >= 1 (or null)", problems)
+
+    # Algorithms are looked up in the registries, so a later algorithm only needs to register itself.
+    for key, registry, label in (
+        ("algorithm.adv_estimator", core_algos.ADV_ESTIMATOR_REGISTRY, "advantage estimators"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", core_algos.POLICY_LOSS_REGISTRY, "policy losses"),
+    ):
+        value = OmegaConf.select(cfg, key)
+        _need(value in registry, f"{key}={value!r} is not a registered name; known {label}: "
+              f"{', '.join(sorted(registry))}", problems)
+    modes, kl_names = core_algos.LOSS_AGG_MODES, core_algos.KL_ESTIMATORS
+    _need(actor.loss_agg_mode in modes,
+          f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode!r} must be one of {', '.join(modes)}", problems)
+    for key in ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty"):
+        value = OmegaConf.select(cfg, key)
+        _need(str(value).rstrip("+") in kl_names, f"{key}={value!r} must be one of {', '.join(kl_names)} "
+              "(optionally with a trailing +)", problems)
+    _need(cfg.algorithm.kl_ctrl.type in ("fixed", "adaptive"),
+          f"algorithm.kl_ctrl.type={cfg.algorithm.kl_ctrl.type!r} must be fixed or adaptive", problems)
+    _need(actor.clip_ratio_c > 1.0, f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1", problems)
+    _need(actor.optim.lr_scheduler_type in ("constant", "cosine"),
+          f"actor_rollout_ref.actor.optim.lr_scheduler_type={actor.optim.lr_scheduler_type!r} must be constant or "
+          "cosine", problems)
+    _need(ref is not None, "actor_rollout_ref.ref is missing", problems)
+    _need(cfg.actor_rollout_ref.model.lora_rank == 0,
+          "actor_rollout_ref.model.lora_rank>0 (LoRA) is not available yet; set it to 0", problems)
+    _need(not cfg.reward_model.enable, "reward_model.enable=true (a model reward) is not available yet", problems)
+
+    # Files that must exist.
+    for key in ("data.train_files", "data.val_files"):
+        files = OmegaConf.select(cfg, key)
+        if files is None:
+            continue
+        for path in [files] if isinstance(files, str) else list(files):
+            _need(os.path.exists(os.path.expanduser(path)), f"{key}: file not found: {path}", problems)
+    model_path = cfg.actor_rollout_ref.model.path
+    if model_path is not None:
+        _need(os.path.isdir(os.path.expanduser(model_path)),
+              f"actor_rollout_ref.model.path: not a local model directory: {model_path} "
+              "(models are never downloaded at run time)", problems)
+    if cfg.custom_reward_function.path is not None:
+        _need(os.path.exists(cfg.custom_reward_function.path),
+              f"custom_reward_function.path: file not found: {cfg.custom_reward_function.path}", problems)
+
+    if problems:
+        raise ConfigError("the config has problems:\n  - " + "\n  - ".join(problems))

@@ -1,0 +1,85 @@
+"""Small tensor helpers shared by the losses, the actor and the rollout engines.
+
+Shapes: `values` and `mask` are `(batch, response_len)` unless a docstring says otherwise; a mask holds 1 for
+tokens that count and 0 for padding or tool output.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Sum of `values` where `mask` is 1 (NaNs in masked-out positions are ignored)."""
+    return torch.where(mask.bool(), values, torch.zeros_like(values)).sum(dim=axis)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Mean of `values` over the positions where `mask` is 1; 0 when the mask is empty."""
+    count = mask.sum(dim=axis)
+    return masked_sum(values, mask, axis) / count.clamp(min=1)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of the masked values (Bessel-corrected when `unbiased`)."""
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        count = mask.sum()
+        if count < 2:
+            return torch.zeros_like(var)
+        var = var * count / (count - 1)
+    return var
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Standardise the masked values to unit variance (and zero mean when `shift_mean`)."""
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log p(label) for each position. logits `(..., vocab)`, labels `(...)` -> `(...)`."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)
+    return torch.gather(log_probs, -1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Exact entropy H = logsumexp(z) - sum softmax(z) * z of each position. `(..., vocab)` -> `(...)`."""
+    logits = logits.float()
+    probs = F.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def get_response_mask(response_ids: torch.Tensor, eos_token_ids: int | list[int], dtype=torch.int64) -> torch.Tensor:
+    """1 up to and including the first EOS token of each row, 0 after it. `(batch, response_len)`."""
+    eos = torch.tensor(eos_token_ids if isinstance(eos_token_ids, list) else [eos_token_ids], device=response_ids.device)
+    is_eos = torch.isin(response_ids, eos).long()
+    # Number of EOS tokens strictly before each position; a token is valid while that number is 0.
+    eos_before = torch.cumsum(is_eos, dim=1) - is_eos
+    return (eos_before == 0).to(dtype)
+
+
+def pad_2d_list_to_tensor(rows: list[list], pad_value, max_length: int | None = None, left: bool = False,
+                          dtype=torch.long) -> torch.Tensor:
+    """Pad a list of variable-length lists into a `(len(rows), max_length)` tensor."""
+    length = max_length if max_length is not None else max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), length), pad_value, dtype=dtype)
+    for i, row in enumerate(rows):
+        row = list(row)[:length]
+        if not row:
+            continue
+        if left:
+            out[i, length - len(row):] = torch.tensor(row, dtype=dtype)
+        else:
+            out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def compute_position_id_with_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 on the first real token and stay 0 on left padding."""
+    return torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0)
