@@ -1,0 +1,105 @@
+"""Loading the reward function from config (verl/trainer/ppo/reward.py), including custom functions from files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.reward import compute_reward, get_custom_reward_fn, load_reward_manager
+from verl.utils.reward_score import default_compute_score
+from verl.workers.reward_manager import NaiveRewardManager
+
+CUSTOM_REWARD_SOURCE = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": float(solution_str == ground_truth), "length": len(solution_str)}
+
+
+def scaled_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):
+    return scale * float(solution_str == ground_truth)
+"""
+
+
+class CharTokenizer:
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids if not (skip_special_tokens and i == 0))
+
+
+def one_row_batch(response: str, ground_truth: str, data_source: str = "arithmetic") -> DataProto:
+    """Prompt "q" (length 1) and `response` padded to 8 tokens with id 0."""
+    response_ids = torch.zeros(1, 8, dtype=torch.long)
+    response_ids[0, : len(response)] = torch.tensor([ord(c) for c in response])
+    attention_mask = torch.zeros(1, 9, dtype=torch.long)
+    attention_mask[0, : 1 + len(response)] = 1
+    return DataProto.from_dict(
+        tensors={"prompts": torch.tensor([[ord("q")]]), "responses": response_ids, "attention_mask": attention_mask},
+        non_tensors={
+            "data_source": np.array([data_source], dtype=object),
+            "reward_model": np.array([{"ground_truth": ground_truth}], dtype=object),
+        },
+    )
+
+
+@pytest.fixture
+def custom_file(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text(CUSTOM_REWARD_SOURCE)
+    return str(path)
+
+
+def make_config(path=None, name=None, reward_kwargs=None, reward_manager="naive"):
+    return OmegaConf.create(
+        {
+            "custom_reward_function": {"path": path, "name": name, "reward_kwargs": reward_kwargs or {}},
+            "reward_model": {"reward_manager": reward_manager},
+            "data": {"reward_fn_key": "data_source"},
+        }
+    )
+
+
+def test_no_custom_path_means_none():
+    assert get_custom_reward_fn(make_config()) is None
+    assert get_custom_reward_fn({}) is None
+
+
+def test_custom_function_loaded_by_name_with_kwargs(custom_file):
+    default_named = get_custom_reward_fn(make_config(custom_file))
+    assert default_named(None, "a", "a") == {"score": 1.0, "length": 1}
+    scaled = get_custom_reward_fn(make_config(custom_file, "scaled_score", {"scale": 3.0}))
+    assert scaled(data_source=None, solution_str="a", ground_truth="a") == 3.0
+
+
+def test_custom_function_errors_name_the_config(custom_file, tmp_path):
+    missing = str(tmp_path / "absent.py")
+    with pytest.raises(FileNotFoundError, match=r"custom_reward_function\.path=.*absent\.py"):
+        get_custom_reward_fn(make_config(missing))
+    with pytest.raises(AttributeError, match=r"'nope'.*my_reward\.py"):
+        get_custom_reward_fn(make_config(custom_file, "nope"))
+
+
+def test_load_reward_manager_uses_default_compute_score():
+    manager = load_reward_manager(make_config(), CharTokenizer(), num_examine=0)
+    assert isinstance(manager, NaiveRewardManager)
+    assert manager.compute_score is default_compute_score
+    reward_tensor, extra = compute_reward(one_row_batch("#### 7", "7"), manager)
+    assert reward_tensor[0, 5] == 1.0 and reward_tensor.sum() == 1.0
+    assert extra == {}
+
+
+def test_load_reward_manager_with_custom_function(custom_file):
+    manager = load_reward_manager(make_config(custom_file), CharTokenizer(), num_examine=0)
+    reward_tensor, extra = compute_reward(one_row_batch("abc", "abc", data_source="anything"), manager)
+    assert reward_tensor[0, 2] == 1.0
+    assert extra == {"length": [3]}
+
+
+def test_load_reward_manager_unknown_manager():
+    with pytest.raises(ValueError, match=r"reward_model\.reward_manager='batchy'"):
+        load_reward_manager(make_config(reward_manager="batchy"), CharTokenizer(), num_examine=0)
+
+
+def test_compute_reward_accepts_a_plain_tensor_result():
+    tensor = torch.ones(1, 2)
+    assert compute_reward(None, lambda data, return_dict: tensor) == (tensor, {})

@@ -1,0 +1,72 @@
+"""Build the reward function the trainer calls: a reward manager plus a `compute_score` (custom or default)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.reward_score import default_compute_score
+from verl.workers.reward_manager import get_reward_manager_cls
+
+
+def _section(config: Any, key: str) -> Any:
+    """`config[key]` of a DictConfig or dict, {} when absent or None."""
+    return config.get(key) or {}
+
+
+def get_custom_reward_fn(config: Any) -> Callable | None:
+    """The user's `compute_score` from `custom_reward_function.path` / `.name`, or None when no path is set.
+
+    Entries of `custom_reward_function.reward_kwargs` are bound as keyword arguments.
+    """
+    section = _section(config, "custom_reward_function")
+    path = section.get("path")
+    if not path:
+        return None
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"custom_reward_function.path={path!r}: no such file")
+
+    # Loaded without registering in sys.modules, so cloudpickle ships the function by value to Ray workers.
+    spec = importlib.util.spec_from_file_location("custom_reward_module", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    name = section.get("name") or "compute_score"
+    if not hasattr(module, name):
+        raise AttributeError(f"Reward function {name!r} (custom_reward_function.name) is not defined in {path!r}")
+    fn = getattr(module, name)
+
+    reward_kwargs = dict(section.get("reward_kwargs") or {})
+    return functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
+
+
+def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **kwargs: Any) -> Any:
+    """Instantiate `reward_model.reward_manager` (default "naive") with the custom or default compute_score.
+
+    Keyword arguments and `reward_model.reward_kwargs` (which wins on a clash) go to the manager constructor.
+    """
+    reward_model = _section(config, "reward_model")
+    manager_cls = get_reward_manager_cls(reward_model.get("reward_manager") or "naive")
+    compute_score = get_custom_reward_fn(config) or default_compute_score
+    manager_kwargs = {**kwargs, **dict(reward_model.get("reward_kwargs") or {})}
+    return manager_cls(
+        tokenizer=tokenizer,
+        num_examine=num_examine,
+        compute_score=compute_score,
+        reward_fn_key=_section(config, "data").get("reward_fn_key") or "data_source",
+        **manager_kwargs,
+    )
+
+
+def compute_reward(data: DataProto, reward_fn: Callable) -> tuple[torch.Tensor, dict[str, list]]:
+    """Run the reward manager on a batch: `(bs, response_len)` scores and per-row extra info."""
+    result = reward_fn(data, return_dict=True)
+    if isinstance(result, dict):
+        return result["reward_tensor"], dict(result.get("reward_extra_info") or {})
+    return result, {}

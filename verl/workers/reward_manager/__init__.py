@@ -1,0 +1,10 @@
+"""Reward managers turn a batch of rollouts into token-level scores by decoding responses and grading them."""
+
+from verl.workers.reward_manager.naive import NaiveRewardManager  # importing it registers "naive"
+from verl.workers.reward_manager.registry import (
+    REWARD_MANAGER_REGISTRY,
+    get_reward_manager_cls,
+    register_reward_manager,
+)
+
+__all__ = ["REWARD_MANAGER_REGISTRY", "NaiveRewardManager", "get_reward_manager_cls", "register_reward_manager"]
