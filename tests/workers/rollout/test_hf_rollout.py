@@ -1,0 +1,268 @@
+"""Tests for verl/workers/rollout/hf_rollout.py and the engine-independent parts of verl/workers/rollout/base.py."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+from verl.protocol import DataProto
+from verl.utils.torch_functional import compute_position_id_with_mask, pad_2d_list_to_tensor
+from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
+from verl.workers.rollout.hf_rollout import HFRollout, top_k_top_p_filter
+
+PROMPTS = [[5, 9, 3], [17, 2], [40, 41, 42, 43, 44, 45]]  # different lengths, so left padding is exercised
+
+
+class TagTokenizer:
+    """Decodes id i to "<i>", so a stop string made of tags can only match on token boundaries."""
+
+    pad_token_id = 0
+
+    def __init__(self, eos_token_id=None):
+        self.eos_token_id = eos_token_id
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"<{i}>" for i in ids)
+
+
+def toy_model(seed: int) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return toy_model(seed=0)
+
+
+def greedy_tokens(engine, max_tokens=12, prompts=PROMPTS):
+    outputs = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    return [group[0].token_ids for group in outputs]
+
+
+def hf_greedy(model, prompts, max_new_tokens, pad_token_id=0):
+    input_ids = pad_2d_list_to_tensor(prompts, pad_token_id, left=True)
+    attention_mask = pad_2d_list_to_tensor([[1] * len(p) for p in prompts], 0, left=True)
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_token_id,
+    )
+    return out[:, input_ids.shape[1] :].tolist()
+
+
+def test_greedy_matches_hf_generate(model):
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer())
+    outputs = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=10))
+    assert [g[0].token_ids for g in outputs] == hf_greedy(model, PROMPTS, 10)
+    assert all(g[0].finish_reason == "length" and g[0].stop_reason is None for g in outputs)
+
+
+def test_micro_batches_give_the_same_tokens(model):
+    whole = greedy_tokens(HFRollout(copy.deepcopy(model), TagTokenizer()))
+    split = greedy_tokens(HFRollout(copy.deepcopy(model), TagTokenizer(), config={"micro_batch_size": 2}))
+    assert split == whole
+
+
+def test_log_probs_and_entropy_are_exact_at_the_sampling_temperature(model):
+    temperature = 0.7
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer(), seed=1)
+    outputs = engine.generate(PROMPTS, SamplingParams(temperature=temperature, top_p=0.9, top_k=20, max_tokens=8))
+    for prompt, (completion,) in zip(PROMPTS, outputs):
+        ids = torch.tensor([prompt + completion.token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / temperature
+        log_probs = F.log_softmax(logits, dim=-1)
+        expected_lp = log_probs.gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+        expected_ent = -(log_probs.exp() * log_probs).sum(-1)
+        torch.testing.assert_close(torch.tensor(completion.log_probs), expected_lp, atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(completion.entropies), expected_ent, atol=1e-4, rtol=0)
+
+
+def test_eos_stops_a_row_and_drops_later_tokens(model):
+    reference = greedy_tokens(HFRollout(copy.deepcopy(model), TagTokenizer()))
+    eos = reference[0][3]
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer(eos_token_id=eos))
+    outputs = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12))
+    for ref, (completion,) in zip(reference, outputs):
+        if eos in ref:
+            cut = ref.index(eos) + 1
+            assert completion.token_ids == ref[:cut]
+            assert (completion.finish_reason, completion.stop_reason) == ("stop", None)
+        else:
+            assert completion.token_ids == ref and completion.finish_reason == "length"
+    assert len(outputs[0][0].token_ids) <= 4
+
+
+def test_stop_token_id_sets_stop_reason(model):
+    reference = greedy_tokens(HFRollout(copy.deepcopy(model), TagTokenizer()))
+    stop_id = reference[1][2]
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer())
+    ((completion,),) = engine.generate(
+        [PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop_id])
+    )
+    assert completion.token_ids == reference[1][: reference[1].index(stop_id) + 1]
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", stop_id)
+
+
+def test_stop_string_stops_with_stop_reason(model):
+    reference = greedy_tokens(HFRollout(copy.deepcopy(model), TagTokenizer()))[2]
+    pair = reference[3:5]
+    stop = TagTokenizer().decode(pair)
+    first_end = next(k + 2 for k in range(len(reference) - 1) if reference[k : k + 2] == pair)
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer())
+    ((completion,),) = engine.generate([PROMPTS[2]], SamplingParams(temperature=0.0, max_tokens=12, stop=[stop]))
+    # The token that completed the stop string is kept; nothing after it is generated.
+    assert completion.token_ids == reference[:first_end]
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", stop)
+    assert len(completion.log_probs) == len(completion.entropies) == first_end
+
+
+def test_max_tokens_gives_length(model):
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer())
+    outputs = engine.generate(PROMPTS, SamplingParams(max_tokens=5))
+    assert all(len(g[0].token_ids) == 5 and g[0].finish_reason == "length" for g in outputs)
+
+
+def test_top_k_1_equals_greedy(model):
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer(), seed=0)
+    greedy = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=8))
+    top1 = engine.generate(PROMPTS, SamplingParams(temperature=1.0, top_k=1, max_tokens=8))
+    for (g,), (t,) in zip(greedy, top1):
+        assert t.token_ids == g.token_ids
+        torch.testing.assert_close(torch.tensor(t.log_probs), torch.tensor(g.log_probs))
+
+
+def test_top_k_top_p_filter():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = lambda out: torch.isfinite(out)[0].tolist()  # noqa: E731
+    assert kept(top_k_top_p_filter(logits, top_k=2, top_p=1.0)) == [True, True, False, False]
+    assert kept(top_k_top_p_filter(logits, top_k=-1, top_p=0.7)) == [True, True, False, False]
+    assert kept(top_k_top_p_filter(logits, top_k=-1, top_p=0.85)) == [True, True, True, False]
+    assert kept(top_k_top_p_filter(logits, top_k=-1, top_p=0.1)) == [True, False, False, False]
+    assert kept(top_k_top_p_filter(logits, top_k=0, top_p=1.0)) == [True] * 4
+
+
+def test_n_samples_per_prompt_and_seeded_reproducibility(model):
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=10)
+    first = HFRollout(copy.deepcopy(model), TagTokenizer(), seed=123).generate(PROMPTS, params)
+    again = HFRollout(copy.deepcopy(model), TagTokenizer(), seed=123).generate(PROMPTS, params)
+    other = HFRollout(copy.deepcopy(model), TagTokenizer(), seed=7).generate(PROMPTS, params)
+    assert [len(group) for group in first] == [3, 3, 3]
+    assert first == again
+    assert first != other
+    assert len({tuple(c.token_ids) for group in first for c in group}) > 1
+
+
+def test_update_weights_loads_another_models_weights(model):
+    other = toy_model(seed=1)
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer())
+    before = greedy_tokens(engine)
+    engine.update_weights(other.state_dict().items())
+    after = greedy_tokens(engine)
+    assert after == hf_greedy(other, PROMPTS, 12)
+    assert after != before
+
+    with pytest.raises(KeyError, match="model.not_a_weight"):
+        engine.update_weights([("model.not_a_weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        engine.update_weights([("lm_head.weight", torch.zeros(3, 3))])
+
+
+def test_update_weights_through_a_tied_embedding(tiny_model_dir):
+    module = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    engine = HFRollout(module, AutoTokenizer.from_pretrained(tiny_model_dir))
+    new_embedding = torch.randn_like(module.model.embed_tokens.weight)
+    engine.update_weights([("model.embed_tokens.weight", new_embedding)])
+    assert torch.equal(module.lm_head.weight, new_embedding)
+
+
+def test_sampling_params_and_registry():
+    assert SamplingParams(stop="###").stop == ["###"]
+    assert SamplingParams(do_sample=False).greedy and SamplingParams(temperature=0).greedy
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    assert get_rollout_cls("hf") is HFRollout
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.name='nope'.*'hf'.*'vllm'"):
+        get_rollout_cls("nope")
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("use_raw_prompt_ids", [False, True])
+def test_generate_sequences_layout(tiny_model_dir, n, use_raw_prompt_ids):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    module = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    engine = HFRollout(module, tokenizer, seed=0)
+    texts = ["What is 2 + 3?", "Hi", "Alice has 12 apples and gives 5 of them to Bob. How many are left?"]
+    prompt_ids = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for t in texts
+    ]
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    input_ids = pad_2d_list_to_tensor(prompt_ids, pad_id, left=True)
+    attention_mask = pad_2d_list_to_tensor([[1] * len(p) for p in prompt_ids], 0, left=True)
+    non_tensors = {"uid": ["a", "b", "c"]}
+    if use_raw_prompt_ids:
+        non_tensors["raw_prompt_ids"] = prompt_ids
+    prompts = DataProto.from_dict(
+        tensors={
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": compute_position_id_with_mask(attention_mask),
+        },
+        non_tensors=non_tensors,
+        meta_info={"step": 3},
+    )
+    response_length = 12
+    # A large max_tokens is capped at response_length; temperature 0 keeps the content deterministic.
+    params = SamplingParams(n=n, temperature=0.0, max_tokens=100)
+    out = generate_sequences(engine, prompts, params, response_length, pad_id, eos_id)
+
+    bs, prompt_len, total = 3 * n, input_ids.shape[1], input_ids.shape[1] + response_length
+    assert len(out) == bs
+    assert out.batch["prompts"].shape == (bs, prompt_len)
+    assert out.batch["responses"].shape == out.batch["response_mask"].shape == (bs, response_length)
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        assert out.batch[key].shape == (bs, total)
+    assert out.batch["rollout_log_probs"].dtype == torch.float32
+    assert list(out.non_tensor_batch["uid"]) == [u for u in "abc" for _ in range(n)]
+    assert out.meta_info == {"step": 3}
+
+    expected = engine.generate(prompt_ids, SamplingParams(temperature=0.0, max_tokens=response_length))
+    for row in range(bs):
+        completion = expected[row // n][0]
+        length = len(completion.token_ids)
+        response = out.batch["responses"][row]
+        mask = out.batch["response_mask"][row]
+        assert torch.equal(out.batch["prompts"][row], input_ids[row // n])
+        assert torch.equal(out.batch["input_ids"][row], torch.cat([input_ids[row // n], response]))
+        assert response[:length].tolist() == completion.token_ids
+        assert (response[length:] == pad_id).all()
+        assert mask.tolist() == [1] * length + [0] * (response_length - length)
+        assert torch.equal(out.batch["attention_mask"][row], torch.cat([attention_mask[row // n], mask]))
+        positions = out.batch["position_ids"][row]
+        last_prompt_pos = len(prompt_ids[row // n]) - 1
+        assert positions[prompt_len:].tolist() == list(
+            range(last_prompt_pos + 1, last_prompt_pos + 1 + response_length)
+        )
+        torch.testing.assert_close(out.batch["rollout_log_probs"][row, :length], torch.tensor(completion.log_probs))
+        assert (out.batch["rollout_log_probs"][row, length:] == 0).all()
+        assert (out.batch["rollout_entropys"][row, length:] == 0).all()
+        assert out.non_tensor_batch["finish_reason"][row] == completion.finish_reason
+        assert out.non_tensor_batch["stop_reason"][row] == completion.stop_reason

@@ -1,0 +1,207 @@
+"""The rollout engine interface (design section 5) and the one function that turns its output into a batch.
+
+Everything above this file -- the trainer's plain sampling step and the multi-turn agent loop -- talks to an engine
+only through `RolloutEngine.generate` on token ids, so the HF engine and the vLLM engine are interchangeable.
+`generate_sequences` is the plain-sampling step: prompts `DataProto` in, rollout `DataProto` out, with the batch keys
+listed in docs/internal_contracts.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from verl.utils.torch_functional import get_response_mask, pad_2d_list_to_tensor
+
+if TYPE_CHECKING:
+    from verl.protocol import DataProto
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request. Names and defaults follow vLLM's `SamplingParams`.
+
+    n: completions per prompt. temperature: 0 means greedy. top_p: nucleus mass kept (1 = off). top_k: tokens kept
+    (-1 or 0 = off). max_tokens: generated tokens at most. stop: strings that end a completion. stop_token_ids: token
+    ids that end a completion besides the tokenizer's EOS. include_stop_str_in_output: only affects decoded text (the
+    token ids always keep the token that completed the stop string, as in vLLM). do_sample: False means greedy.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    do_sample: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n={self.n} must be at least 1")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature={self.temperature} must be >= 0 (0 means greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1]")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens={self.max_tokens} must be at least 1")
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of one prompt.
+
+    token_ids: the generated tokens, ending with the EOS / stop token or the token that completed a stop string.
+    log_probs, entropies: one float per token of `token_ids`, from the distribution the token was sampled from.
+    finish_reason: "stop" (EOS, stop token or stop string) or "length" (hit max_tokens).
+    stop_reason: the stop string matched, the stop token id matched from `stop_token_ids`, or None (EOS or length).
+    """
+
+    token_ids: list[int]
+    log_probs: list[float]
+    entropies: list[float]
+    finish_reason: str
+    stop_reason: str | int | None
+
+
+class RolloutEngine(ABC):
+    """What the trainer and the agent loop need from an inference engine.
+
+    The agent loop relies on: `generate` taking unpadded token ids (no chat template applied by the engine),
+    returning exactly `params.n` completions per prompt in request order, and `token_ids` never containing tokens
+    past the one that finished the completion. The trainer relies on: `update_weights` accepting the actor's full
+    (unsharded) parameter names, and `sleep` / `wake_up` bracketing the training phase so the engine can free memory.
+    """
+
+    @abstractmethod
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[CompletionOutput]]:
+        """Complete every prompt `params.n` times; the result's i-th list belongs to the i-th prompt."""
+
+    @abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new policy weights, given as (HF parameter name, full tensor) pairs; may be a one-pass generator."""
+
+    @abstractmethod
+    def sleep(self) -> None:
+        """Release memory (KV cache, weights) while the actor trains; `generate` is not called until `wake_up`."""
+
+    @abstractmethod
+    def wake_up(self) -> None:
+        """Undo `sleep` before the next rollout."""
+
+
+_ROLLOUT_REGISTRY: dict[str, type[RolloutEngine]] = {}
+
+# Engines shipped with Quiver, imported on first use so an engine's heavy dependency (vllm) is only needed when chosen.
+_BUILTIN_ROLLOUT_MODULES = {
+    "hf": "verl.workers.rollout.hf_rollout",
+    "vllm": "verl.workers.rollout.vllm_rollout",
+}
+
+
+def register_rollout(name: str):
+    """Class decorator: make an engine selectable with `actor_rollout_ref.rollout.name=<name>`."""
+
+    def decorator(cls: type[RolloutEngine]) -> type[RolloutEngine]:
+        if _ROLLOUT_REGISTRY.get(name, cls) is not cls:
+            raise ValueError(f"rollout engine {name!r} is already registered by {_ROLLOUT_REGISTRY[name].__name__}")
+        _ROLLOUT_REGISTRY[name] = cls
+        return cls
+
+    return decorator
+
+
+def get_rollout_cls(name: str) -> type[RolloutEngine]:
+    """The engine class registered as `name` (importing the built-in module that defines it if needed)."""
+    if name not in _ROLLOUT_REGISTRY and name in _BUILTIN_ROLLOUT_MODULES:
+        importlib.import_module(_BUILTIN_ROLLOUT_MODULES[name])
+    if name not in _ROLLOUT_REGISTRY:
+        known = sorted(set(_ROLLOUT_REGISTRY) | set(_BUILTIN_ROLLOUT_MODULES))
+        raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not a known rollout engine; known: {known}")
+    return _ROLLOUT_REGISTRY[name]
+
+
+def _unpadded_prompts(prompts: DataProto) -> list[list[int]]:
+    """The engine requests: `raw_prompt_ids` when the dataset kept them, else the prompt ids under the mask."""
+    if "raw_prompt_ids" in prompts.non_tensor_batch:
+        return [list(map(int, ids)) for ids in prompts.non_tensor_batch["raw_prompt_ids"]]
+    input_ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+    return [row[row_mask].tolist() for row, row_mask in zip(input_ids, mask)]
+
+
+def generate_sequences(
+    engine: RolloutEngine,
+    prompts: DataProto,
+    params: SamplingParams,
+    response_length: int,
+    pad_token_id: int,
+    eos_token_id: int | list[int],
+) -> DataProto:
+    """Sample responses for a left-padded prompt batch and lay them out as the trainer's rollout batch.
+
+    prompts: batch `input_ids`, `attention_mask`, `position_ids` `(bs, prompt_len)`, left padded; optional
+    non-tensor `raw_prompt_ids`. Generation is capped at `response_length` tokens (`params.max_tokens` if smaller).
+
+    Returns `bs * params.n` rows, the n samples of a prompt adjacent, with batch keys
+    `prompts` `(bs*n, prompt_len)`, `responses` `(bs*n, response_len)` right padded with `pad_token_id`,
+    `input_ids` / `attention_mask` / `position_ids` `(bs*n, prompt_len + response_len)`, `response_mask`
+    (1 on generated tokens up to and including EOS), `rollout_log_probs` and `rollout_entropys` (float32, 0 on
+    padding); every non-tensor entry of `prompts` repeated n times, plus object arrays `finish_reason` and
+    `stop_reason`; `meta_info` copied from `prompts`.
+    """
+    from verl.protocol import DataProto
+
+    params = replace(params, max_tokens=min(params.max_tokens, response_length))
+    outputs = [out for group in engine.generate(_unpadded_prompts(prompts), params) for out in group]
+    if len(outputs) != len(prompts) * params.n:
+        raise RuntimeError(
+            f"rollout engine returned {len(outputs)} completions for {len(prompts)} prompts x n={params.n}"
+        )
+    if params.n > 1:
+        prompts = prompts.repeat(repeat_times=params.n, interleave=True)
+
+    prompt_ids, prompt_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+    prompt_pos = prompts.batch["position_ids"]
+    device = prompt_ids.device
+
+    def pad(rows, value, dtype):
+        return pad_2d_list_to_tensor(rows, value, max_length=response_length, dtype=dtype).to(device)
+
+    responses = pad([o.token_ids for o in outputs], pad_token_id, torch.long)
+    lengths = torch.tensor([len(o.token_ids) for o in outputs], device=device)
+    is_generated = torch.arange(response_length, device=device)[None, :] < lengths[:, None]
+    # The EOS cut guards against an engine that returns tokens past EOS (tool-loop engines may).
+    response_mask = (is_generated & get_response_mask(responses, eos_token_id).bool()).to(prompt_mask.dtype)
+    log_probs = pad([o.log_probs for o in outputs], 0.0, torch.float32) * response_mask
+    entropys = pad([o.entropies for o in outputs], 0.0, torch.float32) * response_mask
+
+    # Response positions continue from each prompt's last position (also across right padding, which is masked).
+    steps = torch.arange(1, response_length + 1, device=device, dtype=prompt_pos.dtype)
+    response_pos = prompt_pos[:, -1:] + steps[None, :]
+
+    non_tensors = dict(prompts.non_tensor_batch)
+    non_tensors["finish_reason"] = [o.finish_reason for o in outputs]
+    non_tensors["stop_reason"] = [o.stop_reason for o in outputs]
+    tensors = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "input_ids": torch.cat([prompt_ids, responses], dim=1),
+        "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+        "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
+        "response_mask": response_mask,
+        "rollout_log_probs": log_probs,
+        "rollout_entropys": entropys,
+    }
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))

@@ -1,0 +1,253 @@
+"""A rollout engine on a plain Hugging Face causal LM: batched KV-cache decoding written out step by step.
+
+It does not call `model.generate`, so that each sampled token's log-prob and entropy come straight from the
+distribution it was sampled from. Definitions, per step with logits z and temperature T:
+
+    p = softmax(z / T)                 (T = 1 when greedy)
+    log_prob = log p[token]            entropy = -sum_v p_v log p_v
+
+both taken *before* top-k / top-p filtering: that is the distribution the actor recomputes from its own forward pass
+(`logits / temperature`, then log-softmax), so `rollout_log_probs` and `old_log_probs` agree up to numerics.
+Top-k / top-p only restrict which token is drawn.
+
+Stopping follows vLLM: a completion ends at an EOS id (tokenizer and generation config; `stop_reason` None), at a
+`stop_token_ids` id (`stop_reason` = that id), when a stop string appears in the decoded completion (`stop_reason` =
+the string), all three with `finish_reason` "stop" and the finishing token kept in `token_ids`; or after
+`max_tokens` tokens (`finish_reason` "length"). For stop strings, `token_ids` run up to and including the token that
+completed the string whatever `include_stop_str_in_output` says -- as in vLLM, that flag trims only decoded text,
+which this engine does not return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from verl.utils.torch_functional import (
+    compute_position_id_with_mask,
+    entropy_from_logits,
+    logprobs_from_logits,
+    pad_2d_list_to_tensor,
+)
+from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, register_rollout
+
+
+def top_k_top_p_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set to -inf every logit outside the top-k tokens and outside the smallest set holding `top_p` of the mass.
+
+    logits `(batch, vocab)`; `top_k <= 0` and `top_p >= 1` switch the respective filter off.
+    """
+    if 0 < top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token once the tokens ranked above it already hold top_p of the mass (the first is always kept).
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@dataclass
+class _Completion:
+    """A completion while it is being decoded."""
+
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def to_output(self) -> CompletionOutput:
+        return CompletionOutput(self.token_ids, self.log_probs, self.entropies, self.finish_reason, self.stop_reason)
+
+
+def _config_value(config, key: str, default=None):
+    """Read `key` from a dict, an OmegaConf node or an attribute-style config (None = no config)."""
+    if config is None:
+        return default
+    if hasattr(config, "get"):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+@register_rollout("hf")
+class HFRollout(RolloutEngine):
+    """Batched sampling on the engine's own (non-FSDP) copy of the policy.
+
+    module: a HF causal LM that only this engine uses (weights arrive through `update_weights`).
+    config: optional rollout config; `micro_batch_size` = how many sequences decode together (default: all).
+    seed: seeds the engine's own torch.Generator, so the same seed and weights give the same samples.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        tokenizer,
+        config=None,
+        device: str | torch.device = "cpu",
+        seed: int | None = None,
+    ):
+        self.device = torch.device(device)
+        self.module = module.to(self.device)
+        self.tokenizer = tokenizer
+        self.micro_batch_size = _config_value(config, "micro_batch_size")
+        self.generator = None
+        if seed is not None:
+            self.generator = torch.Generator(device=self.device)
+            self.generator.manual_seed(seed)
+
+        generation_config = getattr(module, "generation_config", None)
+        self.eos_token_ids: set[int] = set()
+        for ids in (tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)):
+            if ids is not None:
+                self.eos_token_ids.update([ids] if isinstance(ids, int) else ids)
+        # Left padding of prompts is masked out, so any valid id will do when the tokenizer has no pad token.
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else next(iter(self.eos_token_ids), 0)
+
+    # ---- generation -------------------------------------------------------------------------------------------
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[CompletionOutput]]:
+        for i, ids in enumerate(prompt_token_ids):
+            if len(ids) == 0:
+                raise ValueError(f"prompt {i} is empty; HFRollout needs at least one prompt token")
+        requests = [list(ids) for ids in prompt_token_ids for _ in range(params.n)]
+        micro_batch_size = self.micro_batch_size or max(len(requests), 1)
+        self.module.eval()
+        completions: list[CompletionOutput] = []
+        with torch.no_grad():
+            for start in range(0, len(requests), micro_batch_size):
+                completions.extend(self._generate_batch(requests[start : start + micro_batch_size], params))
+        return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompt_token_ids))]
+
+    def _generate_batch(self, requests: list[list[int]], params: SamplingParams) -> list[CompletionOutput]:
+        """Decode one micro-batch: prefill the left-padded prompts, then one token per step from the KV cache.
+
+        Rows leave the batch (and the cache) as soon as they finish, so finished rows cost no more compute.
+        """
+        input_ids = pad_2d_list_to_tensor(requests, self.pad_token_id, left=True).to(self.device)
+        attention_mask = pad_2d_list_to_tensor([[1] * len(r) for r in requests], 0, left=True).to(self.device)
+        position_ids = compute_position_id_with_mask(attention_mask)
+        out = self.module(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache, logits = out.past_key_values, out.logits[:, -1]
+
+        completions = [_Completion() for _ in requests]
+        active = list(range(len(requests)))  # completions[active[j]] is row j of the current batch
+        stop_window = self._stop_window(params)
+        for _ in range(params.max_tokens):
+            tokens, log_probs, entropies = self._sample(logits, params)
+            keep = []
+            for j, (token, log_prob, entropy) in enumerate(
+                zip(tokens.tolist(), log_probs.tolist(), entropies.tolist())
+            ):
+                completion = completions[active[j]]
+                completion.token_ids.append(token)
+                completion.log_probs.append(log_prob)
+                completion.entropies.append(entropy)
+                if not self._finished(completion, params, stop_window):
+                    keep.append(j)
+            if not keep:
+                break
+            if len(keep) < len(active):
+                rows = torch.tensor(keep, device=self.device)
+                cache.reorder_cache(rows)
+                attention_mask, position_ids, tokens = attention_mask[rows], position_ids[rows], tokens[rows]
+                active = [active[j] for j in keep]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)
+            position_ids = position_ids[:, -1:] + 1
+            out = self.module(
+                input_ids=tokens[:, None],
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache, logits = out.past_key_values, out.logits[:, -1]
+        return [c.to_output() for c in completions]
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams):
+        """Next token, its log-prob and the distribution's entropy for each row. logits `(batch, vocab)`."""
+        logits = logits.float()
+        if params.greedy:
+            tokens = logits.argmax(dim=-1)
+        else:
+            logits = logits / params.temperature
+            probs = F.softmax(top_k_top_p_filter(logits, params.top_k, params.top_p), dim=-1)
+            tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+        return tokens, logprobs_from_logits(logits, tokens), entropy_from_logits(logits)
+
+    # ---- stopping ---------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _stop_window(params: SamplingParams) -> int:
+        """How many trailing tokens to decode to see any stop string the newest token could have completed.
+
+        Every token adds at least one byte of text, so a stop string of b UTF-8 bytes spans at most b tokens; one
+        more token covers tokenizers that change the first decoded token's leading space.
+        """
+        return max((len(s.encode("utf-8")) for s in params.stop or ()), default=0) + 1
+
+    def _finished(self, completion: _Completion, params: SamplingParams, stop_window: int) -> bool:
+        """Set the finish and stop reasons if the newest token ends the completion; return whether it did."""
+        token = completion.token_ids[-1]
+        if token in self.eos_token_ids:
+            completion.finish_reason = "stop"
+        elif token in (params.stop_token_ids or ()):
+            completion.finish_reason, completion.stop_reason = "stop", token
+        elif params.stop:
+            tail = self.tokenizer.decode(completion.token_ids[-stop_window:], skip_special_tokens=True)
+            matched = next((s for s in params.stop if s in tail), None)
+            if matched is not None:
+                completion.finish_reason, completion.stop_reason = "stop", matched
+        if completion.finish_reason is None and len(completion.token_ids) >= params.max_tokens:
+            completion.finish_reason = "length"
+        return completion.finish_reason is not None
+
+    # ---- weights and memory -----------------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy each (name, tensor) into the parameter or buffer of that name.
+
+        Tied weights (e.g. `lm_head.weight` and `model.embed_tokens.weight`) share storage, so either name updates
+        both. Sharded tensors (FSDP2 DTensors) are gathered first.
+        """
+        targets = dict(self.module.named_parameters(remove_duplicate=False))
+        targets.update(self.module.named_buffers(remove_duplicate=False))
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in targets:
+                    raise KeyError(
+                        f"update_weights: {name!r} is not a parameter or buffer of the rollout model "
+                        f"({type(self.module).__name__})"
+                    )
+                if hasattr(tensor, "full_tensor"):
+                    tensor = tensor.full_tensor()
+                target = targets[name]
+                if target.shape != tensor.shape:
+                    raise ValueError(
+                        f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model "
+                        f"expects {tuple(target.shape)}"
+                    )
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+    def sleep(self) -> None:
+        """Move the weights to host memory while the actor trains (nothing to free on CPU)."""
+        if self.device.type != "cpu":
+            self.module.to("cpu")
+            torch.cuda.empty_cache()
+
+    def wake_up(self) -> None:
+        if self.device.type != "cpu":
+            self.module.to(self.device)
