@@ -1,0 +1,3 @@
+from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+__all__ = ["RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup"]

@@ -1,0 +1,267 @@
+"""Driver side of the single controller: placement groups, deferred actor classes and the worker group."""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from collections.abc import Callable
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+from verl.single_controller.base.decorator import MAGIC_ATTR, Execute, RegisterInfo
+from verl.single_controller.base.worker import get_node_ip_and_free_port
+
+PLACEMENT_GROUP_TIMEOUT_S = 60.0
+# Ray's resource reports lag a little behind placement groups that were just removed.
+RESOURCE_REPORT_GRACE_S = 5.0
+
+
+class RayResourcePool:
+    """``process_on_nodes[i]`` ranks on the i-th node: one placement group per node, one bundle per rank.
+
+    A bundle holds ``max_colocate_count`` CPUs (plus one GPU when ``use_gpu``) so that that many worker groups can
+    share it; each of their actors takes one CPU and ``1 / max_colocate_count`` of the GPU. Placement groups are
+    created on first use, node by node, each on a node that no earlier one uses.
+    """
+
+    def __init__(
+        self,
+        process_on_nodes: list[int],
+        use_gpu: bool,
+        name_prefix: str = "",
+        max_colocate_count: int = 1,
+        detached: bool = False,
+    ):
+        if not process_on_nodes or min(process_on_nodes) < 1:
+            raise ValueError(f"process_on_nodes must give at least one rank per node, got {process_on_nodes}")
+        self.process_on_nodes = list(process_on_nodes)
+        self.use_gpu = use_gpu
+        self.name_prefix = name_prefix
+        self.max_colocate_count = max_colocate_count
+        self.detached = detached
+        self._pgs: list[PlacementGroup] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.process_on_nodes)
+
+    @property
+    def bundle(self) -> dict[str, float]:
+        return {"CPU": self.max_colocate_count, **({"GPU": 1} if self.use_gpu else {})}
+
+    def get_placement_groups(self) -> list[PlacementGroup]:
+        if self._pgs is None:
+            self._check_resources()
+            self._pgs = []
+            try:
+                for i, n in enumerate(self.process_on_nodes):
+                    self._pgs.append(self._create_node_placement_group(i, n))
+            except BaseException:
+                self.remove()
+                raise
+        return self._pgs
+
+    def bundle_node_ids(self) -> list[str]:
+        """The Ray node id of every bundle, in rank order."""
+        node_ids = []
+        for pg, n in zip(self.get_placement_groups(), self.process_on_nodes):
+            table = placement_group_table(pg)["bundles_to_node_id"]
+            node_ids += [table[i] for i in range(n)]
+        return node_ids
+
+    def remove(self) -> None:
+        for pg in self._pgs or []:
+            remove_placement_group(pg)
+        self._pgs = None
+
+    def _check_resources(self) -> None:
+        need = {"CPU": self.world_size * self.max_colocate_count, "GPU": self.world_size if self.use_gpu else 0}
+
+        def short(have: dict) -> bool:
+            return any(have.get(k, 0) < v for k, v in need.items())
+
+        deadline = time.monotonic() + RESOURCE_REPORT_GRACE_S
+        while not short(ray.cluster_resources()) and short(ray.available_resources()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        avail, total = ray.available_resources(), ray.cluster_resources()
+        if short(avail):
+            have = ", ".join(f"{avail.get(k, 0):g} of {total.get(k, 0):g} {k}s" for k in need)
+            raise RuntimeError(
+                f"the resource pool needs {need['CPU']:g} CPUs and {need['GPU']:g} GPUs for {self.world_size} ranks "
+                f"(process_on_nodes={self.process_on_nodes}, max_colocate_count={self.max_colocate_count}) but Ray "
+                f"has {have} available. Lower trainer.nnodes or trainer.n_gpus_per_node (ranks per node, also on "
+                "CPU), or give Ray more resources (ray.init(num_cpus=...) / `ray start --num-cpus ...`)"
+            )
+
+    def _create_node_placement_group(self, index: int, n: int) -> PlacementGroup:
+        used = [placement_group_table(pg)["bundles_to_node_id"][0] for pg in self._pgs]
+        # Ray label selector: keep this node's bundles off every node an earlier placement group took.
+        selector = [{"ray.io/node-id": f"!in({','.join(used)})"}] * n if used else None
+        pg = placement_group(
+            [self.bundle] * n,
+            strategy="STRICT_PACK",
+            name=f"{self.name_prefix}node{index}" if self.name_prefix else "",
+            lifetime="detached" if self.detached else None,
+            bundle_label_selector=selector,
+        )
+        try:
+            ray.get(pg.ready(), timeout=PLACEMENT_GROUP_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(pg)
+            alive = sum(node["Alive"] for node in ray.nodes())
+            raise RuntimeError(
+                f"placement group {index} ({n} x {self.bundle}) was not ready after {PLACEMENT_GROUP_TIMEOUT_S:g} s: "
+                f"no Ray node apart from the {len(used)} already taken has room for it (the cluster has {alive} alive "
+                f"nodes). Each of the trainer.nnodes={len(self.process_on_nodes)} nodes needs "
+                f"trainer.n_gpus_per_node ranks' worth of free resources on one node; check `ray status`"
+            ) from None
+        return pg
+
+
+class RayClassWithInitArgs:
+    """A worker class and its constructor arguments; `RayWorkerGroup` builds one Ray actor per rank from it."""
+
+    def __init__(self, cls, *args, **kwargs):
+        self.cls = cls  # a plain class or one already wrapped with ray.remote
+        self.args = args
+        self.kwargs = kwargs
+        self.options: dict = {}
+
+    def update_options(self, options: dict) -> None:
+        """Extra Ray actor options, e.g. ``{"runtime_env": {...}}``."""
+        self.options.update(options)
+
+    @property
+    def user_cls(self) -> type:
+        if isinstance(self.cls, ray.actor.ActorClass):
+            return self.cls.__ray_metadata__.modified_class
+        return self.cls
+
+    def create(self, options: dict, env_vars: dict[str, str]):
+        remote_cls = self.cls if isinstance(self.cls, ray.actor.ActorClass) else ray.remote(self.cls)
+        runtime_env = dict(self.options.get("runtime_env") or {})
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}
+        merged = {**self.options, **options, "runtime_env": runtime_env}
+        return remote_cls.options(**merged).remote(*self.args, **self.kwargs)
+
+
+class WorkerGroupFuture:
+    """The pending result of a ``blocking=False`` call; `get()` waits for every rank and collects."""
+
+    def __init__(self, refs: list, collect: Callable[[list], object]):
+        self.refs = refs
+        self._collect = collect
+
+    def get(self):
+        return self._collect(ray.get(self.refs))
+
+
+def _first(outputs: list):
+    return outputs[0]
+
+
+class RayWorkerGroup:
+    """``world_size`` Ray actors of one worker class; every ``@register``-ed method of the class becomes a
+    driver-side method of the same name that dispatches, runs on the ranks and collects (see decorator.py)."""
+
+    def __init__(
+        self,
+        resource_pool: RayResourcePool,
+        ray_cls_with_init: RayClassWithInitArgs,
+        name_prefix: str | None = None,
+        device: str = "cpu",
+    ):
+        self.resource_pool = resource_pool
+        self.device = device
+        self.name_prefix = name_prefix or f"wg{uuid.uuid4().hex[:6]}"
+        self._workers: list = []
+        self._create_workers(ray_cls_with_init)
+        self._bind_worker_methods(ray_cls_with_init.user_cls)
+
+    @property
+    def world_size(self) -> int:
+        return len(self._workers)
+
+    @property
+    def workers(self) -> list:
+        return list(self._workers)
+
+    def _create_workers(self, cls_with_init: RayClassWithInitArgs) -> None:
+        pool = self.resource_pool
+        pgs = pool.get_placement_groups()
+        master_addr, master_port = _node_ip_and_free_port(pool.bundle_node_ids()[0])
+        for pg, n in zip(pgs, pool.process_on_nodes):
+            for local_rank in range(n):
+                rank = len(self._workers)
+                env = {
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(pool.world_size),
+                    "LOCAL_RANK": str(local_rank),
+                    "MASTER_ADDR": master_addr,
+                    "MASTER_PORT": str(master_port),
+                }
+                if self.device == "cpu":
+                    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # each actor owns one CPU of its bundle
+                options = {
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        pg, placement_group_bundle_index=local_rank
+                    ),
+                    "num_cpus": 1,
+                    "num_gpus": 1 / pool.max_colocate_count if pool.use_gpu else 0,
+                    "name": f"{self.name_prefix}_rank{rank}",
+                }
+                if pool.detached:
+                    options["lifetime"] = "detached"
+                self._workers.append(cls_with_init.create(options, env))
+
+    def _bind_worker_methods(self, user_cls: type) -> None:
+        for name in dir(user_cls):
+            info = getattr(getattr(user_cls, name, None), MAGIC_ATTR, None)
+            if info is None:
+                continue
+            if hasattr(self, name):
+                raise AttributeError(f"registered method {user_cls.__name__}.{name} clashes with RayWorkerGroup.{name}")
+            method = functools.partial(self._call_registered, name, info)
+            setattr(self, name, functools.update_wrapper(method, getattr(user_cls, name)))  # keeps the docstring
+
+    def _call_registered(self, name: str, info: RegisterInfo, *args, **kwargs):
+        mode = info.dispatch_mode
+        rank_args, rank_kwargs = mode.dispatch_fn(self, *args, **kwargs)
+        rank_zero = info.execute_mode is Execute.RANK_ZERO or mode.rank_zero_only
+        refs = [
+            getattr(self._workers[r], name).remote(
+                *(a[r] for a in rank_args), **{k: v[r] for k, v in rank_kwargs.items()}
+            )
+            for r in ([0] if rank_zero else range(self.world_size))
+        ]
+        future = WorkerGroupFuture(refs, _first if rank_zero else functools.partial(mode.collect_fn, self))
+        return future.get() if info.blocking else future
+
+    def execute_all_sync(self, method_name: str, *args, **kwargs) -> list:
+        """Calls any actor method on every rank with the same arguments; returns the outputs in rank order."""
+        return ray.get([getattr(w, method_name).remote(*args, **kwargs) for w in self._workers])
+
+    def execute_rank_zero_sync(self, method_name: str, *args, **kwargs):
+        return ray.get(getattr(self._workers[0], method_name).remote(*args, **kwargs))
+
+    def get_node_ids(self) -> list[str]:
+        """The Ray node id each rank runs on, in rank order."""
+        return self.resource_pool.bundle_node_ids()
+
+    def shutdown(self) -> None:
+        """Kills the actors; the resource pool stays (other groups may share it), see `RayResourcePool.remove`."""
+        for w in self._workers:
+            ray.kill(w)
+        self._workers = []
+
+
+def _node_ip_and_free_port(node_id: str) -> tuple[str, int]:
+    """MASTER_ADDR/MASTER_PORT for rank 0, asked on rank 0's node before any rank starts (a rank may join the
+    process group inside its constructor, so rank 0 itself cannot be asked)."""
+    if node_id == ray.get_runtime_context().get_node_id():
+        return get_node_ip_and_free_port()
+    probe = ray.remote(num_cpus=0)(get_node_ip_and_free_port)
+    return ray.get(probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote())
