@@ -1,0 +1,93 @@
+"""The synthetic arithmetic task: schema, determinism, correct answers, parquet round trip."""
+
+from __future__ import annotations
+
+import os
+import re
+import runpy
+import sys
+
+import pandas as pd
+
+from verl.utils.dataset.arithmetic import make_arithmetic_rows, sft_text, write_arithmetic_dataset
+from verl.utils.reward_score import default_compute_score
+
+QUESTION = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
+
+
+def test_row_schema():
+    row = make_arithmetic_rows(1, seed=0, split="train")[0]
+    assert set(row) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
+    assert row["data_source"] == "arithmetic" and row["ability"] == "math"
+    (message,) = row["prompt"]
+    assert message["role"] == "user"
+    assert message["content"] == f"{row['extra_info']['question']} Put the final answer after ####."
+    assert row["reward_model"]["style"] == "rule"
+    assert set(row["extra_info"]) == {"split", "index", "question", "answer"}
+    assert row["extra_info"]["split"] == "train" and row["extra_info"]["index"] == 0
+
+
+def test_answers_are_correct_and_small():
+    rows = make_arithmetic_rows(500, seed=3, split="train")
+    ops = set()
+    for i, row in enumerate(rows):
+        a, op, b = QUESTION.fullmatch(row["extra_info"]["question"]).groups()
+        a, b = int(a), int(b)
+        ops.add(op)
+        expected = {"+": a + b, "-": a - b, "*": a * b}[op]
+        assert row["reward_model"]["ground_truth"] == str(expected)
+        assert 0 <= expected <= 81 if op == "*" else 0 <= expected <= 40
+        assert max(a, b) <= (9 if op == "*" else 20)
+        assert row["extra_info"]["index"] == i
+        assert sft_text(row) == f"{a} {op} {b} = {expected}. #### {expected}"
+    assert ops == {"+", "-", "*"}
+
+
+def test_deterministic_and_split_dependent():
+    assert make_arithmetic_rows(50, seed=0, split="train") == make_arithmetic_rows(50, seed=0, split="train")
+    assert make_arithmetic_rows(50, seed=0, split="train") != make_arithmetic_rows(50, seed=1, split="train")
+    test_rows = make_arithmetic_rows(50, seed=0, split="test")
+    assert [r["prompt"] for r in test_rows] != [r["prompt"] for r in make_arithmetic_rows(50, seed=0, split="train")]
+    assert all(r["extra_info"]["split"] == "test" for r in test_rows)
+
+
+def test_sft_text_scores_full_marks():
+    for row in make_arithmetic_rows(20, seed=0, split="train"):
+        gt = row["reward_model"]["ground_truth"]
+        assert default_compute_score(row["data_source"], sft_text(row), gt) == 1.0
+        assert default_compute_score(row["data_source"], f"#### {int(gt) + 1}", gt) == 0.1
+
+
+def test_parquet_round_trip(arithmetic_data_dir):
+    train = pd.read_parquet(os.path.join(arithmetic_data_dir, "train.parquet"))
+    test = pd.read_parquet(os.path.join(arithmetic_data_dir, "test.parquet"))
+    assert (len(train), len(test)) == (256, 32)
+    row = train.iloc[5]
+    expected = make_arithmetic_rows(6, seed=0, split="train")[5]
+    assert list(row["prompt"]) == expected["prompt"]  # a list column comes back as a numpy array of dicts
+    assert row["reward_model"] == expected["reward_model"]
+    assert row["extra_info"] == expected["extra_info"]
+
+
+def test_write_returns_paths_and_cli(tmp_path, monkeypatch):
+    train_path, test_path = write_arithmetic_dataset(str(tmp_path / "direct"), train_size=8, test_size=4, seed=2)
+    assert (os.path.basename(train_path), os.path.basename(test_path)) == ("train.parquet", "test.parquet")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "..", "data", "make_arithmetic.py")
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "make_arithmetic.py",
+            "--local_dir",
+            str(tmp_path / "cli"),
+            "--train_size",
+            "8",
+            "--test_size",
+            "4",
+            "--seed",
+            "2",
+        ],
+    )
+    runpy.run_path(script, run_name="__main__")
+    for name in ("train.parquet", "test.parquet"):
+        assert pd.read_parquet(tmp_path / "cli" / name).equals(pd.read_parquet(tmp_path / "direct" / name))

@@ -1,0 +1,274 @@
+"""verl's RL prompt dataset: parquet rows of chat prompts -> left-padded token tensors plus the row's metadata.
+
+A row follows verl's schema (`docs/preparation/prepare_data.rst` in verl)::
+
+    {"data_source": "arithmetic",                                # picks the reward function
+     "prompt": [{"role": "user", "content": "What is 2 + 3?"}],  # chat messages (data.prompt_key)
+     "ability": "math",
+     "reward_model": {"style": "rule", "ground_truth": "5"},
+     "extra_info": {"index": 0, ...}}
+
+Every row is checked when the files are read, so a malformed file (or, with `data.truncation=error`, a prompt
+longer than `data.max_prompt_length`) fails at start-up with the file, the row and the column in the message, not
+at step 300. `collate_fn` stacks items into the dict that `DataProto.from_single_dict` takes: tensors
+`(batch, max_prompt_length)`, everything else numpy object arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset, Sampler, SequentialSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import RandomSampler
+
+from verl.utils.torch_functional import compute_position_id_with_mask
+
+logger = logging.getLogger(__name__)
+
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+
+
+def _read_rows(path: str) -> list[dict]:
+    """All rows of one .parquet, .jsonl or .json (a list of objects) file as plain Python dicts."""
+    if path.endswith(".parquet"):
+        return pq.read_table(path).to_pylist()
+    if path.endswith(".jsonl"):
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    if path.endswith(".json"):
+        with open(path) as f:
+            rows = json.load(f)
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: a .json data file must hold a list of row objects")
+        return rows
+    raise ValueError(f"{path}: unsupported data file type; use .parquet, .jsonl or .json")
+
+
+def _check_row(row: dict, where: str, prompt_key: str, reward_fn_key: str) -> dict:
+    """Validate one row and return it with plain-list messages and `reward_model`/`extra_info` defaults."""
+    if prompt_key not in row:
+        raise ValueError(
+            f"{where}: no '{prompt_key}' column (columns present: {sorted(row)}); "
+            f"set data.prompt_key to the column that holds the chat messages"
+        )
+    messages = row[prompt_key]
+    if not isinstance(messages, (list, tuple, np.ndarray)) or len(messages) == 0:
+        raise ValueError(
+            f"{where}, column '{prompt_key}': expected a non-empty list of "
+            f"{{'role': ..., 'content': ...}} messages, got {type(messages).__name__}: {messages!r:.200}"
+        )
+    for j, message in enumerate(messages):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise ValueError(
+                f"{where}, column '{prompt_key}', message {j}: expected a dict with string 'role' and "
+                f"'content', got {message!r:.200}"
+            )
+    if not isinstance(row.get(reward_fn_key), str) or not row[reward_fn_key]:
+        raise ValueError(
+            f"{where}, column '{reward_fn_key}': missing or empty; every row needs the name of its "
+            f"reward function (columns present: {sorted(row)})"
+        )
+    reward_model = row.get("reward_model")
+    if reward_model is not None and not isinstance(reward_model, dict):
+        raise ValueError(
+            f"{where}, column 'reward_model': expected a dict like {{'ground_truth': ...}}, got {reward_model!r:.200}"
+        )
+    extra_info = row.get("extra_info")
+    if extra_info is not None and not isinstance(extra_info, dict):
+        raise ValueError(f"{where}, column 'extra_info': expected a dict, got {extra_info!r:.200}")
+    return {
+        **row,
+        prompt_key: [dict(message) for message in messages],
+        "reward_model": {"ground_truth": None, **(reward_model or {})},
+        "extra_info": extra_info or {},
+    }
+
+
+def left_pad(token_ids: list[int], length: int, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(input_ids, attention_mask, position_ids)`, each `(length,)`, with padding on the left."""
+    n_pad = length - len(token_ids)
+    input_ids = torch.tensor([pad_token_id] * n_pad + list(token_ids), dtype=torch.long)
+    attention_mask = torch.tensor([0] * n_pad + [1] * len(token_ids), dtype=torch.long)
+    return input_ids, attention_mask, compute_position_id_with_mask(attention_mask)
+
+
+class RLHFDataset(Dataset):
+    """Prompts for RL from one or more files; `config` is verl's `data` node (a DictConfig or a dict)."""
+
+    def __init__(self, data_files: str | Sequence[str], tokenizer, config, processor=None):
+        if processor is not None:
+            raise NotImplementedError("multimodal prompts (a processor) are not supported; pass processor=None")
+        self.tokenizer = tokenizer
+        self.prompt_key = config.get("prompt_key", "prompt")
+        self.reward_fn_key = config.get("reward_fn_key", "data_source")
+        self.max_prompt_length = int(config.get("max_prompt_length", 512))
+        self.truncation = config.get("truncation", "error")
+        self.return_raw_chat = bool(config.get("return_raw_chat", False))
+        self.return_full_prompt = bool(config.get("return_full_prompt", False))
+        self.apply_chat_template_kwargs = dict(config.get("apply_chat_template_kwargs") or {})
+        # data.filter_overlong_prompts_workers is not read: prompt lengths come from one batched call to the Rust
+        # tokenizer, which already uses every core.
+        if self.truncation not in TRUNCATION_MODES:
+            raise ValueError(f"data.truncation={self.truncation!r} is not one of {', '.join(TRUNCATION_MODES)}")
+        if self.max_prompt_length <= 0:
+            raise ValueError(f"data.max_prompt_length={self.max_prompt_length} must be positive")
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+        self.data_files = [data_files] if isinstance(data_files, str) else list(data_files)
+        self.rows: list[dict] = []
+        self.origins: list[tuple[str, int, int]] = []  # (file, row in file, row over all files) per item
+        for path in self.data_files:
+            path = os.path.expanduser(path)
+            for i, row in enumerate(_read_rows(path)):
+                self.rows.append(_check_row(row, f"{path}, row {i}", self.prompt_key, self.reward_fn_key))
+                self.origins.append((path, i, len(self.origins)))
+        if config.get("filter_overlong_prompts", False):
+            self._drop_overlong_prompts()
+        elif self.truncation == "error":
+            self._check_prompt_lengths()
+        if not self.rows:
+            raise ValueError(f"no prompts left in {self.data_files}")
+
+    def _render(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **self.apply_chat_template_kwargs
+        )
+
+    def _prompt_lengths(self) -> list[int]:
+        texts = [self._render(row[self.prompt_key]) for row in self.rows]
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def _overlong_error(self, item: int, n_tokens: int, n_overlong: int = 1) -> ValueError:
+        path, row_in_file, _ = self.origins[item]
+        others = f" ({n_overlong - 1} more prompts are too long as well)" if n_overlong > 1 else ""
+        return ValueError(
+            f"{path}, row {row_in_file}: the prompt has {n_tokens} tokens, more than "
+            f"data.max_prompt_length={self.max_prompt_length}{others}. Set data.filter_overlong_prompts=True to drop "
+            f"such prompts, data.truncation=left|right|middle to cut them, or raise data.max_prompt_length."
+        )
+
+    def _check_prompt_lengths(self) -> None:
+        """With data.truncation=error, fail at start-up rather than when the first long prompt is sampled."""
+        overlong = [(i, n) for i, n in enumerate(self._prompt_lengths()) if n > self.max_prompt_length]
+        if overlong:
+            raise self._overlong_error(*overlong[0], n_overlong=len(overlong))
+
+    def _drop_overlong_prompts(self) -> None:
+        lengths = self._prompt_lengths()
+        keep = [i for i, n in enumerate(lengths) if n <= self.max_prompt_length]
+        dropped = len(self.rows) - len(keep)
+        self.rows = [self.rows[i] for i in keep]
+        self.origins = [self.origins[i] for i in keep]
+        log = logger.warning if dropped else logger.info
+        log(
+            "data.filter_overlong_prompts: dropped %d of %d prompts longer than data.max_prompt_length=%d (%s)",
+            dropped,
+            dropped + len(keep),
+            self.max_prompt_length,
+            ", ".join(self.data_files),
+        )
+
+    def _truncate(self, ids: list[int], item: int) -> list[int]:
+        """left keeps the last tokens, right the first, middle both ends (half each)."""
+        limit = self.max_prompt_length
+        if self.truncation == "left":
+            return ids[-limit:]
+        if self.truncation == "right":
+            return ids[:limit]
+        if self.truncation == "middle":
+            head = limit // 2
+            return ids[:head] + ids[len(ids) - (limit - head) :]
+        raise self._overlong_error(item, len(ids))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, item: int) -> dict:
+        row_number = self.origins[item][2]
+        item_dict = dict(self.rows[item])  # every column travels on to the reward function
+        messages = item_dict.pop(self.prompt_key)
+        text = self._render(messages)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) > self.max_prompt_length:
+            ids = self._truncate(ids, item)
+        input_ids, attention_mask, position_ids = left_pad(ids, self.max_prompt_length, self.pad_token_id)
+        extra_info = item_dict["extra_info"]
+        item_dict.update(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            raw_prompt_ids=ids,
+            ability=item_dict.get("ability"),
+            index=extra_info.get("index", row_number),
+            tools_kwargs=extra_info.get("tools_kwargs") or {},
+        )
+        if self.return_raw_chat:
+            item_dict["raw_prompt"] = messages
+        if self.return_full_prompt:
+            item_dict["full_prompts"] = text
+        return item_dict
+
+
+def collate_fn(features: list[dict]) -> dict:
+    """Stack tensors to `(batch, ...)`; every other key becomes a 1-D numpy object array of length batch."""
+    batch = {}
+    for key in features[0]:
+        values = [feature[key] for feature in features]
+        if isinstance(values[0], torch.Tensor):
+            batch[key] = torch.stack(values)
+        else:
+            array = np.empty(len(values), dtype=object)  # filled one by one so lists and dicts stay elements
+            for i, value in enumerate(values):
+                array[i] = value
+            batch[key] = array
+    return batch
+
+
+def create_rl_sampler(data_config, dataset) -> Sampler:
+    """Shuffled (seeded by `data.seed`, default 1) when `data.shuffle` (default true), else in order.
+
+    The shuffling sampler is torchdata's stateful one, so a resumed dataloader replays the same permutation.
+    """
+    if data_config.get("shuffle", True):
+        generator = torch.Generator()
+        generator.manual_seed(int(data_config.get("seed", 1)))
+        return RandomSampler(dataset, generator=generator)
+    return SequentialSampler(dataset)
+
+
+def create_dataloader(
+    dataset,
+    batch_size: int,
+    sampler: Sampler | None,
+    num_workers: int = 0,
+    drop_last: bool = True,
+    collate_fn=collate_fn,
+) -> StatefulDataLoader:
+    """A dataloader whose `state_dict()`/`load_state_dict()` record the exact position (saved in checkpoints).
+
+    A state taken right after the last batch of an epoch restores to that finished epoch: the next pass over the
+    loader yields nothing and the pass after it is the next epoch.
+    """
+    with warnings.catch_warnings():
+        # torchdata 0.11 calls a deprecated torch function in the constructor; the warning means nothing to users.
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        return StatefulDataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=num_workers,
+            drop_last=drop_last,
+            collate_fn=collate_fn,
+        )
