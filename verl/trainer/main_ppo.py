@@ -1,0 +1,122 @@
+"""Entry point: `python -m verl.trainer.main_ppo key=value ...` (verl's dotted Hydra overrides).
+
+The config is composed from `config/ppo_trainer.yaml` and the overrides, then checked (unknown keys, wrong types,
+batch sizes that do not divide, missing files) before Ray or any worker starts. With no model or data given, the
+tiny demo model and the synthetic arithmetic task are built under `trainer.cache_dir` first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl.utils.config import CONFIG_DIR, ConfigError, load_config, resolve_device, validate_ppo_config
+
+
+def parse_cli(argv: list[str]) -> tuple[str, str, list[str]]:
+    """Split Hydra-style `--config-path`/`--config-name` flags from `k=v` overrides."""
+    config_dir, config_name, overrides = CONFIG_DIR, "ppo_trainer", []
+    args = iter(argv)
+    for arg in args:
+        for flag in ("--config-path", "--config-name", "-cp", "-cn"):
+            if arg == flag or arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1] if "=" in arg else next(args, "")
+                if flag in ("--config-path", "-cp"):
+                    config_dir = os.path.abspath(value)
+                else:
+                    config_name = value.removesuffix(".yaml")
+                break
+        else:
+            overrides.append(arg)
+    return config_dir, config_name, overrides
+
+
+def prepare_defaults(config: DictConfig) -> None:
+    """Build the tiny model and the synthetic task when the config names none (no downloads ever)."""
+    cache = os.path.expanduser(config.trainer.cache_dir)
+    with open_dict(config):
+        if config.actor_rollout_ref.model.path is None:
+            from verl.utils.tiny_model import build_tiny_model
+
+            path = os.path.join(cache, "tiny_model")
+            if not os.path.exists(os.path.join(path, "config.json")):
+                print(f"[quiver] building the tiny demo model in {path}")
+                build_tiny_model(path, seed=0)
+            config.actor_rollout_ref.model.path = path
+        if config.data.train_files is None:
+            from verl.utils.dataset.arithmetic import write_arithmetic_dataset
+
+            data_dir = os.path.join(cache, "data", "arithmetic")
+            train, test = os.path.join(data_dir, "train.parquet"), os.path.join(data_dir, "test.parquet")
+            if not (os.path.exists(train) and os.path.exists(test)):
+                print(f"[quiver] writing the synthetic arithmetic task to {data_dir}")
+                write_arithmetic_dataset(data_dir)
+            config.data.train_files = train
+            if config.data.val_files is None:
+                config.data.val_files = test
+
+
+def init_ray(config: DictConfig, device: str) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True)
+    address = ray_init.pop("address", None) or os.environ.get("RAY_ADDRESS")
+    n_ranks = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
+    if address:
+        ray.init(address=address, runtime_env={"env_vars": env})
+        return
+    num_cpus = ray_init.pop("num_cpus", None)
+    if num_cpus is None:
+        # Ray counts logical CPUs: one per rank is enough to place the workers, whatever the core count.
+        num_cpus = max(os.cpu_count() or 1, n_ranks)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env}, **ray_init)
+
+
+def run_ppo(config: DictConfig):
+    """Validate, build everything and train. Returns the per-step metrics history."""
+    device = resolve_device(config.trainer.device)
+    validate_ppo_config(config)
+    prepare_defaults(config)
+    validate_ppo_config(config)
+
+    from transformers import AutoTokenizer
+
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.reward import load_reward_manager
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    model_cfg = config.actor_rollout_ref.model
+    tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path or model_cfg.path),
+                                              trust_remote_code=model_cfg.trust_remote_code)
+    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
+    val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
+    reward_fn = load_reward_manager(config, tokenizer, num_examine=config.reward_model.num_examine)
+    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
+
+    init_ray(config, device)
+    trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, device=device)
+    trainer.init_workers()
+    try:
+        return trainer.fit()
+    finally:
+        trainer.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    config_dir, config_name, overrides = parse_cli(sys.argv[1:] if argv is None else argv)
+    try:
+        config = load_config(config_name, overrides, config_dir=config_dir)
+        run_ppo(config)
+    except ConfigError as err:
+        print(f"Config error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

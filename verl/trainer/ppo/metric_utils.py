@@ -1,0 +1,68 @@
+"""Per-step metrics computed on the driver from the finished batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.torch_functional import masked_mean
+
+
+def reduce_metrics(metrics: dict[str, Iterable[float]]) -> dict[str, float]:
+    """Mean of each list of values (workers return one value per micro-batch and rank)."""
+    return {key: float(np.mean(list(values))) for key, values in metrics.items() if len(list(values))}
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    values = values.float()
+    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
+            f"{prefix}/min": values.min().item()}
+
+
+def compute_data_metrics(batch: DataProto) -> dict[str, float]:
+    """Reward, advantage, length and entropy statistics of one training batch.
+
+    `critic/accuracy` is the fraction of responses whose score is at least 1 (a fully correct answer under the
+    rule scorers); when the scorer returns an `acc` field, that is used instead.
+    """
+    response_mask = batch.batch["response_mask"].bool()
+    prompt_length = batch.batch["attention_mask"][:, : batch.batch["prompts"].shape[-1]].sum(-1).float()
+    response_length = response_mask.sum(-1).float()
+    max_response_length = batch.batch["responses"].shape[-1]
+    scores = batch.batch["token_level_scores"].sum(-1)
+    rewards = batch.batch["token_level_rewards"].sum(-1)
+    valid_adv = batch.batch["advantages"][response_mask]
+
+    metrics = {}
+    metrics.update(_stats("critic/score", scores))
+    metrics["critic/score/std"] = scores.float().std().item() if len(scores) > 1 else 0.0
+    metrics.update(_stats("critic/rewards", rewards))
+    metrics.update(_stats("critic/advantages", valid_adv if valid_adv.numel() else torch.zeros(1)))
+    if "acc" in batch.non_tensor_batch:
+        metrics["critic/accuracy"] = float(np.mean(batch.non_tensor_batch["acc"].astype(float)))
+    else:
+        metrics["critic/accuracy"] = (scores >= 1.0).float().mean().item()
+    metrics.update(_stats("response_length", response_length))
+    metrics["response_length/clip_ratio"] = (response_length >= max_response_length).float().mean().item()
+    metrics.update(_stats("prompt_length", prompt_length))
+    if "entropys" in batch.batch:
+        metrics["actor/entropy"] = masked_mean(batch.batch["entropys"], response_mask).item()
+    if "rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch:
+        # How far the rollout engine's log-probs are from the actor's on the same weights (should be ~0).
+        diff = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()[response_mask]
+        metrics["training/rollout_actor_logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
+        metrics["training/rollout_actor_logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
+    return metrics
+
+
+def compute_timing_metrics(timing: dict[str, float], batch: DataProto, n_ranks: int) -> dict[str, float]:
+    """Seconds per phase, and tokens (prompt + response) per second per rank for the whole step."""
+    total_tokens = int(batch.batch["attention_mask"].sum())
+    metrics = {f"timing_s/{name}": seconds for name, seconds in timing.items()}
+    metrics["perf/total_num_tokens"] = total_tokens
+    if timing.get("step"):
+        metrics["perf/throughput"] = total_tokens / timing["step"] / n_ranks
+    return metrics

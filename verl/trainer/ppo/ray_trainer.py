@@ -1,0 +1,250 @@
+"""RayPPOTrainer: the single controller that runs the RL step as one readable loop (design section 3).
+
+The driver holds the data, computes rewards and advantages; the worker group holds the models. A step:
+prompts -> rollout -> reward -> old (and reference) log-probs -> advantage -> actor update (+ weight sync).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import uuid
+from collections import defaultdict
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+from tqdm import tqdm
+
+from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
+from verl.trainer.ppo.reward import compute_reward
+from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
+from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
+from verl.utils.seqlen_balancing import balance_batch_partitions
+from verl.utils.torch_functional import masked_mean
+from verl.utils.tracking import Tracking
+from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
+
+
+@contextmanager
+def _timer(name: str, timing: dict[str, float]):
+    start = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl") -> tuple[DataProto, dict[str, float]]:
+    """token_level_rewards = token_level_scores - beta * KL(actor || ref) per token; adapts beta when adaptive."""
+    mask = data.batch["response_mask"]
+    kld = core_algos.kl_penalty(data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty) * mask
+    beta = kl_ctrl.value
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"] - beta * kld
+    current_kl = masked_mean(kld, mask, axis=-1).mean().item()
+    kl_ctrl.update(current_kl=current_kl, n_steps=len(data))
+    return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+
+def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, lam: float = 1.0,
+                      num_repeat: int = 1, norm_adv_by_std_in_grpo: bool = True, config=None) -> DataProto:
+    """Look the estimator up by name and call it with the arguments its signature asks for."""
+    fn = core_algos.get_adv_estimator_fn(adv_estimator)
+    available = {
+        "token_level_rewards": data.batch["token_level_rewards"],
+        "response_mask": data.batch["response_mask"],
+        "index": data.non_tensor_batch["uid"],
+        "gamma": gamma,
+        "lam": lam,
+        "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
+        "config": config,
+    }
+    for key in ("values", "entropys", "old_log_probs", "ref_log_prob"):
+        if key in data.batch:
+            available[key] = data.batch[key]
+    params = inspect.signature(fn).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in available.items() if takes_all or k in params}
+    advantages, returns = fn(**kwargs)
+    data.batch["advantages"], data.batch["returns"] = advantages, returns
+    return data
+
+
+class RayPPOTrainer:
+    """Builds the worker group and runs `fit()`. Mirrors verl's class of the same name."""
+
+    def __init__(self, config: DictConfig, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn,
+                 device: str = "cpu", collate_fn=default_collate_fn):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
+        self.device = device
+        self.n_ranks = config.trainer.nnodes * config.trainer.n_gpus_per_node
+        self.use_reference_policy = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+        if config.algorithm.use_kl_in_reward:
+            self.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
+        self._create_dataloader(train_dataset, val_dataset, collate_fn)
+        self.global_steps = 0
+
+    def _create_dataloader(self, train_dataset, val_dataset, collate_fn):
+        cfg = self.config
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        sampler = create_rl_sampler(cfg.data, train_dataset)
+        self.train_dataloader = create_dataloader(train_dataset, batch_size=cfg.data.train_batch_size,
+                                                  sampler=sampler, num_workers=cfg.data.dataloader_num_workers,
+                                                  drop_last=True, collate_fn=collate_fn)
+        if len(self.train_dataloader) == 0:
+            raise ValueError(f"the training set has {len(train_dataset)} prompts, fewer than data.train_batch_size="
+                             f"{cfg.data.train_batch_size}: lower the batch size or add data")
+        self.val_dataloader = None
+        if val_dataset is not None:
+            val_bsz = cfg.data.val_batch_size or len(val_dataset)
+            self.val_dataloader = create_dataloader(val_dataset, batch_size=val_bsz, sampler=None,
+                                                    num_workers=cfg.data.dataloader_num_workers, drop_last=False,
+                                                    collate_fn=collate_fn)
+        steps = len(self.train_dataloader) * cfg.trainer.total_epochs
+        if cfg.trainer.total_training_steps is not None:
+            steps = cfg.trainer.total_training_steps
+        self.total_training_steps = steps
+        with open_dict(cfg):
+            cfg.actor_rollout_ref.actor.optim.total_training_steps = steps
+
+    # ------------------------------------------------------------------------------------------- workers
+    def init_workers(self):
+        """One resource pool of nnodes x n_gpus_per_node ranks, one worker group holding actor/rollout(/ref)."""
+        cfg = self.config
+        self.resource_pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
+                                             use_gpu=self.device == "cuda", name_prefix="actor_rollout")
+        role = "actor_rollout_ref" if self.use_reference_policy else "actor_rollout"
+        worker_cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=role,
+                                          device=self.device, seed=cfg.trainer.seed)
+        self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, name_prefix="actor_rollout",
+                                               device=self.device)
+        self.actor_rollout_wg.init_model()
+
+    def shutdown(self):
+        self.actor_rollout_wg.shutdown()
+        self.resource_pool.remove()
+
+    # ------------------------------------------------------------------------------------------- phases
+    def _generate(self, gen_batch: DataProto) -> DataProto:
+        """Generate on the worker group, padding the batch to a multiple of the number of ranks."""
+        padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.n_ranks)
+        output = self.actor_rollout_wg.generate_sequences(padded)
+        return unpad_dataproto(output, pad_size)
+
+    def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
+        """Reorder rows so that every rank gets about the same number of valid tokens (in place)."""
+        seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+        order = balance_batch_partitions(seqlens, self.n_ranks)
+        batch.reorder(torch.tensor(order))
+        per_rank = np.array(seqlens)[order].reshape(self.n_ranks, -1).sum(-1)
+        metrics["perf/rank_token_imbalance"] = float(per_rank.max() / max(per_rank.mean(), 1))
+
+    def _validate(self) -> dict[str, float]:
+        """Generate on the validation set with `rollout.val_kwargs` and report the mean score per data source."""
+        val_n = self.config.actor_rollout_ref.rollout.val_kwargs.n
+        scores, sources = [], []
+        for batch_dict in self.val_dataloader:
+            batch = DataProto.from_single_dict(batch_dict)
+            gen_batch = batch.pop(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
+            gen_batch.meta_info["validate"] = True
+            output = self._generate(gen_batch.repeat(val_n, interleave=True))
+            output.meta_info.pop("metrics", None)
+            batch = batch.repeat(val_n, interleave=True).union(output)
+            reward_tensor, _ = compute_reward(batch, self.val_reward_fn)
+            scores.extend(reward_tensor.sum(-1).tolist())
+            sources.extend(batch.non_tensor_batch[self.config.data.reward_fn_key].tolist())
+        by_source = defaultdict(list)
+        for source, score in zip(sources, scores):
+            by_source[source].append(score)
+        return {f"val-core/{source}/reward/mean@{val_n}": float(np.mean(values))
+                for source, values in by_source.items()}
+
+    def _step(self, batch_dict: dict, metrics: dict, timing: dict) -> DataProto:
+        cfg = self.config
+        n = cfg.actor_rollout_ref.rollout.n
+        batch = DataProto.from_single_dict(batch_dict)
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        gen_batch = batch.pop(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
+        gen_batch.meta_info["global_steps"] = self.global_steps
+
+        with _timer("gen", timing):
+            output = self._generate(gen_batch.repeat(n, interleave=True))
+        metrics.update(reduce_metrics(output.meta_info.pop("metrics", {})))
+        batch = batch.repeat(n, interleave=True).union(output)
+        if cfg.trainer.balance_batch:
+            self._balance_batch(batch, metrics)
+
+        with _timer("reward", timing):
+            reward_tensor, reward_extra_info = compute_reward(batch, self.reward_fn)
+            batch.batch["token_level_scores"] = reward_tensor
+            for key, values in reward_extra_info.items():
+                column = np.empty(len(values), dtype=object)
+                column[:] = values
+                batch.non_tensor_batch[key] = column
+
+        with _timer("old_log_prob", timing):
+            batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+        if self.use_reference_policy:
+            with _timer("ref", timing):
+                batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+
+        with _timer("adv", timing):
+            if cfg.algorithm.use_kl_in_reward:
+                batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl_in_reward, cfg.algorithm.kl_penalty)
+                metrics.update(kl_metrics)
+            else:
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            batch = compute_advantage(batch, cfg.algorithm.adv_estimator, gamma=cfg.algorithm.gamma,
+                                      lam=cfg.algorithm.lam, num_repeat=n,
+                                      norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+                                      config=cfg.algorithm)
+
+        if self.global_steps > cfg.trainer.critic_warmup:
+            with _timer("update_actor", timing):
+                update = self.actor_rollout_wg.update_actor(batch)
+            metrics.update(reduce_metrics(update.meta_info["metrics"]))
+        return batch
+
+    # ------------------------------------------------------------------------------------------- the loop
+    def fit(self):
+        """Train for `total_training_steps`, logging one line of metrics per step and validating when asked."""
+        cfg = self.config
+        logger = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
+                          default_backend=cfg.trainer.logger, config=OmegaConf.to_container(cfg, resolve=True))
+        do_validate = self.val_reward_fn is not None and self.val_dataloader is not None
+        if do_validate and cfg.trainer.val_before_train:
+            val_metrics = self._validate()
+            logger.log(val_metrics, step=self.global_steps)
+            if cfg.trainer.val_only:
+                return val_metrics
+
+        progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training steps")
+        self.global_steps += 1
+        history = []
+        for _epoch in range(cfg.trainer.total_epochs):
+            for batch_dict in self.train_dataloader:
+                metrics, timing = {"training/global_step": self.global_steps, "training/epoch": _epoch}, {}
+                with _timer("step", timing):
+                    batch = self._step(batch_dict, metrics, timing)
+                last_step = self.global_steps >= self.total_training_steps
+                if do_validate and cfg.trainer.test_freq > 0 and (
+                        last_step or self.global_steps % cfg.trainer.test_freq == 0):
+                    with _timer("testing", timing):
+                        metrics.update(self._validate())
+                metrics.update(compute_data_metrics(batch))
+                metrics.update(compute_timing_metrics(timing, batch, self.n_ranks))
+                logger.log(metrics, step=self.global_steps)
+                history.append(metrics)
+                progress.update(1)
+                if last_step:
+                    progress.close()
+                    return history
+                self.global_steps += 1
+        progress.close()
+        return history

@@ -1,0 +1,166 @@
+"""The data-parallel actor: log-probs and entropy of responses, and the policy update.
+
+One instance lives in each FSDP rank. It sees only that rank's share of the batch; FSDP averages gradients across
+ranks. The loss of one mini-batch is accumulated over micro-batches so that its gradient equals the gradient of the
+loss aggregated over the whole (per-rank) mini-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from verl.protocol import DataProto
+from verl.trainer.ppo import core_algos
+from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
+
+
+def split_micro_batches(batch, micro_batch_size: int | None, max_token_len: int | None):
+    """Cut a TensorDict into micro-batches by size, or by token budget when `max_token_len` is given.
+
+    Returns (micro_batches, index_map); index_map is None for plain splits and otherwise maps the concatenated
+    micro-batch rows back to the original order.
+    """
+    if max_token_len is not None:
+        micro_batches, indices = rearrange_micro_batches(batch, max_token_len=max_token_len)
+        return micro_batches, [i for part in indices for i in part]
+    size = micro_batch_size or batch.batch_size[0]
+    return batch.split(size), None
+
+
+class DataParallelPPOActor:
+    """Computes log-probs and updates the policy of one FSDP rank.
+
+    `config` is the `actor_rollout_ref.actor` node, with `ppo_mini_batch_size` already turned into sequences per rank
+    by the worker (prompts * rollout.n / ranks).
+    """
+
+    def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: torch.optim.Optimizer | None = None):
+        self.config = config
+        self.actor_module = actor_module
+        self.actor_optimizer = actor_optimizer
+
+    # ----------------------------------------------------------------------------------------------- forward
+    def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool):
+        """(entropy or None, log_probs), each `(batch, response_len)`, at the sampling temperature."""
+        response_length = micro_batch["responses"].shape[-1]
+        output = self.actor_module(
+            input_ids=micro_batch["input_ids"],
+            attention_mask=micro_batch["attention_mask"],
+            position_ids=micro_batch["position_ids"],
+            use_cache=False,
+        )
+        # The logits at position t predict token t+1, so the response tokens are predicted by the slice before them.
+        logits = output.logits[:, -response_length - 1 : -1, :].float() / temperature
+        log_probs = logprobs_from_logits(logits, micro_batch["responses"])
+        entropy = entropy_from_logits(logits) if calculate_entropy else None
+        return entropy, log_probs
+
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
+        """Log-probs (and entropy) of `responses` under the current weights; no gradient.
+
+        meta_info: `temperature`, `micro_batch_size` (sequences per forward), `use_dynamic_bsz`, `max_token_len`.
+        Returns `(log_probs, entropys or None)`, each `(batch, response_len)`.
+        """
+        self.actor_module.eval()
+        temperature = data.meta_info["temperature"]
+        max_token_len = data.meta_info["max_token_len"] if data.meta_info.get("use_dynamic_bsz") else None
+        batch = data.select(batch_keys=FORWARD_KEYS).batch
+        micro_batches, index_map = split_micro_batches(batch, data.meta_info.get("micro_batch_size"), max_token_len)
+        log_probs, entropys = [], []
+        for micro_batch in micro_batches:
+            entropy, log_prob = self._forward_micro_batch(micro_batch, temperature, calculate_entropy)
+            log_probs.append(log_prob)
+            if calculate_entropy:
+                entropys.append(entropy)
+        log_probs = torch.cat(log_probs)
+        entropys = torch.cat(entropys) if calculate_entropy else None
+        if index_map is not None:
+            reverse = torch.tensor(get_reverse_idx(index_map), dtype=torch.long)
+            log_probs = log_probs[reverse]
+            entropys = entropys[reverse] if calculate_entropy else None
+        return log_probs, entropys
+
+    # ------------------------------------------------------------------------------------------------ update
+    def _optimizer_step(self) -> float:
+        """Clip the gradient norm and step; skip the step (and say so) when the norm is not finite."""
+        params = [p for p in self.actor_module.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm=self.config.optim.clip_grad)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        if math.isfinite(grad_norm):
+            self.actor_optimizer.step()
+        else:
+            print(f"[actor] gradient norm is {grad_norm}: skipping this optimizer step")
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def update_policy(self, data: DataProto) -> dict[str, list[float]]:
+        """PPO update: `ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` sequences.
+
+        Needs `responses`, `response_mask`, `old_log_probs`, `advantages` (and `ref_log_prob` with use_kl_loss).
+        Returns metrics as lists (one entry per micro-batch or per optimizer step).
+        """
+        cfg = self.config
+        self.actor_module.train()
+        temperature = data.meta_info["temperature"]
+        policy_loss_fn = core_algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
+        needs_entropy = cfg.entropy_coeff != 0 or getattr(policy_loss_fn, "needs_entropy", False)
+        keys = FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
+        if cfg.use_kl_loss:
+            keys.append("ref_log_prob")
+        batch = data.select(batch_keys=keys).batch
+        max_token_len = cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
+        metrics = defaultdict(list)
+
+        for epoch in range(cfg.ppo_epochs):
+            if cfg.shuffle:
+                generator = torch.Generator().manual_seed(epoch)
+                batch = batch[torch.randperm(batch.batch_size[0], generator=generator)]
+            for mini_batch in batch.split(cfg.ppo_mini_batch_size):
+                micro_batches, _ = split_micro_batches(mini_batch, cfg.ppo_micro_batch_size_per_gpu, max_token_len)
+                # Weights that make the sum over micro-batches equal the loss aggregated over the mini-batch.
+                mini_tokens = mini_batch["response_mask"].sum().clamp(min=1)
+                mini_seqs = mini_batch.batch_size[0]
+                for micro_batch in micro_batches:
+                    mask = micro_batch["response_mask"]
+                    if cfg.loss_agg_mode == "token-mean":
+                        weight = mask.sum() / mini_tokens
+                    else:
+                        weight = micro_batch.batch_size[0] / mini_seqs
+                    entropy, log_prob = self._forward_micro_batch(micro_batch, temperature, needs_entropy)
+                    pg_loss, pg_metrics = policy_loss_fn(
+                        old_log_prob=micro_batch["old_log_probs"],
+                        log_prob=log_prob,
+                        advantages=micro_batch["advantages"],
+                        response_mask=mask,
+                        loss_agg_mode=cfg.loss_agg_mode,
+                        config=cfg,
+                        entropy=entropy.detach() if entropy is not None else None,
+                    )
+                    loss = pg_loss
+                    if cfg.entropy_coeff != 0:
+                        entropy_loss = core_algos.compute_entropy_loss(entropy, mask, cfg.loss_agg_mode)
+                        loss = loss - cfg.entropy_coeff * entropy_loss
+                        metrics["actor/entropy_loss"].append(entropy_loss.item())
+                    if cfg.use_kl_loss:
+                        kld = core_algos.kl_penalty(log_prob, micro_batch["ref_log_prob"], cfg.kl_loss_type)
+                        kl_loss = core_algos.agg_loss(kld, mask, cfg.loss_agg_mode)
+                        loss = loss + cfg.kl_loss_coef * kl_loss
+                        metrics["actor/kl_loss"].append(kl_loss.item())
+                        metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
+                    (loss * weight).backward()
+                    metrics["actor/pg_loss"].append(pg_loss.item())
+                    for name, value in pg_metrics.items():
+                        metrics[name].append(float(value))
+                metrics["actor/grad_norm"].append(self._optimizer_step())
+        return dict(metrics)
+

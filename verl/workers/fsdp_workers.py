@@ -1,0 +1,234 @@
+"""ActorRolloutRefWorker: one rank of the actor (FSDP2), the reference model (FSDP2) and a rollout engine.
+
+The three roles share one process per device, as in verl's hybrid engine. The driver calls the `@register`-ed
+methods through a RayWorkerGroup; DP_COMPUTE_PROTO methods receive this rank's share of the batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import time
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from verl.protocol import DataProto
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
+
+ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+
+
+def resolve_rollout_name(name: str, device: str) -> str:
+    """`rollout.name=auto`: vLLM on CUDA when it is installed, otherwise the HF engine."""
+    if name != "auto":
+        return name
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    has_engine = importlib.util.find_spec("verl.workers.rollout.vllm_rollout") is not None
+    return "vllm" if device == "cuda" and has_vllm and has_engine else "hf"
+
+
+def full_state_dict_items(module: torch.nn.Module):
+    """Yield (name, full tensor) for every parameter and buffer, gathering FSDP shards one tensor at a time.
+
+    Every rank must consume the whole generator in the same order: each DTensor gather is a collective.
+    """
+    for name, tensor in module.state_dict().items():
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        yield name, tensor.detach()
+
+
+class ActorRolloutRefWorker(Worker):
+    """Holds the models of one rank. `config` is the `actor_rollout_ref` node of the trainer config."""
+
+    def __init__(self, config: DictConfig, role: str, device: str = "cpu", seed: int = 0):
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"unknown worker role {role!r}; expected one of {ROLES}")
+        self.config = copy.deepcopy(config)
+        self.role = role
+        self.device = device
+        self.seed = seed
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self.init_process_group(device)
+        if device == "cuda":
+            # Ray shows each actor only its own GPU, so local ranks map onto the visible devices.
+            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
+        torch.manual_seed(seed + self.rank)
+        self._normalize_batch_sizes()
+
+    def _normalize_batch_sizes(self):
+        """Turn the global, per-prompt batch sizes of the config into sequences per rank (as verl does)."""
+        actor, n = self.config.actor, self.config.rollout.n
+        with open_dict(self.config):
+            if self._is_actor:
+                actor.ppo_mini_batch_size = actor.ppo_mini_batch_size * n // self.world_size
+                if actor.ppo_micro_batch_size is not None:
+                    actor.ppo_micro_batch_size_per_gpu = max(1, actor.ppo_micro_batch_size // self.world_size)
+            for node in (self.config.rollout, self.config.ref):
+                if node.get("log_prob_micro_batch_size") is not None:
+                    node.log_prob_micro_batch_size_per_gpu = max(1, node.log_prob_micro_batch_size // self.world_size)
+
+    # ------------------------------------------------------------------------------------------------- models
+    def _load_hf_model(self):
+        from transformers import AutoModelForCausalLM
+
+        model_cfg = self.config.model
+        model = AutoModelForCausalLM.from_pretrained(
+            os.path.expanduser(model_cfg.path),
+            dtype=torch.float32,
+            trust_remote_code=model_cfg.trust_remote_code,
+            **OmegaConf.to_container(model_cfg.override_config, resolve=True),
+        )
+        return model.to(self._torch_device)
+
+    def _shard(self, model: torch.nn.Module, fsdp_config) -> torch.nn.Module:
+        """Apply FSDP2: each decoder layer is its own shard group, then the root (embeddings, norm, head)."""
+        kwargs = {"mesh": self._mesh, "reshard_after_forward": fsdp_config.get("reshard_after_forward", True)}
+        if self.device == "cuda":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if fsdp_config.get("param_offload") or fsdp_config.get("offload_policy"):
+                kwargs["offload_policy"] = CPUOffloadPolicy()
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if layers is None:
+            raise ValueError(f"{type(model).__name__} has no model.layers; FSDP2 wrapping expects a decoder-only HF "
+                             "model such as Qwen2 or Llama")
+        for layer in layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    def _build_optimizer(self, model: torch.nn.Module):
+        from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
+
+        optim = self.config.actor.optim
+        optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+                                      weight_decay=optim.weight_decay)
+        total = max(1, int(optim.total_training_steps))
+        warmup = int(optim.lr_warmup_steps) if optim.lr_warmup_steps > 0 else int(optim.lr_warmup_steps_ratio * total)
+        style = optim.warmup_style or optim.lr_scheduler_type
+        if style == "cosine":
+            scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+                optimizer, num_warmup_steps=warmup, num_training_steps=total, num_cycles=optim.num_cycles,
+                min_lr_rate=optim.min_lr_ratio)
+        else:
+            scheduler = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
+        return optimizer, scheduler
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        """Load the HF model, shard the actor and reference with FSDP2, build the optimizer and the rollout engine."""
+        from transformers import AutoTokenizer
+
+        self._torch_device = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else (
+            torch.device("cpu"))
+        self._mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("fsdp",))
+        model_cfg = self.config.model
+        self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path or model_cfg.path),
+                                                       trust_remote_code=model_cfg.trust_remote_code)
+        if self._is_actor:
+            model = self._load_hf_model()
+            if model_cfg.enable_gradient_checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.actor_module = self._shard(model, self.config.actor.fsdp_config)
+            self.actor_optimizer, self.actor_lr_scheduler = self._build_optimizer(self.actor_module)
+            self.actor = DataParallelPPOActor(self.config.actor, self.actor_module, self.actor_optimizer)
+        if self._is_ref:
+            ref_model = self._load_hf_model()
+            ref_model.requires_grad_(False)
+            self.ref_module = self._shard(ref_model, self.config.ref.fsdp_config)
+            self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module)
+        if self._is_rollout:
+            name = resolve_rollout_name(self.config.rollout.name, self.device)
+            engine_cls = get_rollout_cls(name)
+            self.rollout = engine_cls(module=self._load_hf_model(), tokenizer=self.tokenizer,
+                                      config=self.config.rollout, device=str(self._torch_device))
+            if self._is_actor:
+                self._sync_rollout_weights()
+
+    def _sync_rollout_weights(self) -> float:
+        """Push the actor's current weights into the rollout engine; returns the seconds it took."""
+        start = time.perf_counter()
+        self.rollout.update_weights(full_state_dict_items(self.actor_module))
+        return time.perf_counter() - start
+
+    # ------------------------------------------------------------------------------------------- generation
+    def _sampling_params(self, meta_info: dict) -> SamplingParams:
+        rollout = self.config.rollout
+        params = dict(n=1, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                      max_tokens=rollout.response_length, do_sample=rollout.do_sample,
+                      stop=list(rollout.stop) or None, stop_token_ids=list(rollout.stop_token_ids) or None)
+        if meta_info.get("validate"):
+            val = rollout.val_kwargs
+            params.update(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k, do_sample=val.do_sample)
+        for key in ("temperature", "top_p", "top_k", "do_sample", "max_tokens"):
+            if key in meta_info:
+                params[key] = meta_info[key]
+        return SamplingParams(**params)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample one response per row of `prompts` (the driver repeats prompts n times beforehand)."""
+        start = time.perf_counter()
+        output = generate_sequences(
+            self.rollout, prompts, self._sampling_params(prompts.meta_info),
+            response_length=self.config.rollout.response_length,
+            pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
+        )
+        seconds = time.perf_counter() - start
+        tokens = int(output.batch["response_mask"].sum())
+        output.meta_info["metrics"] = {"rollout/seconds": [seconds], "rollout/tokens_per_second": [tokens / seconds]}
+        return output
+
+    # ------------------------------------------------------------------------------------------- log-probs
+    def _log_prob_meta(self, data: DataProto, node) -> None:
+        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        data.meta_info["micro_batch_size"] = node.log_prob_micro_batch_size_per_gpu
+        data.meta_info["use_dynamic_bsz"] = node.log_prob_use_dynamic_bsz
+        data.meta_info["max_token_len"] = node.log_prob_max_token_len_per_gpu
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """`old_log_probs` and `entropys` of the responses under the current actor weights."""
+        self._log_prob_meta(data, self.config.rollout)
+        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
+        return DataProto.from_dict(tensors={"old_log_probs": log_probs, "entropys": entropys},
+                                   meta_info={"temperature": data.meta_info["temperature"]})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """`ref_log_prob` of the responses under the frozen reference model."""
+        self._log_prob_meta(data, self.config.ref)
+        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+
+    # ---------------------------------------------------------------------------------------------- update
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """One PPO update on this rank's share, an lr-scheduler step, then the new weights go to the rollout."""
+        data.meta_info.setdefault("temperature", self.config.rollout.temperature)
+        start = time.perf_counter()
+        metrics = self.actor.update_policy(data)
+        metrics["perf/update_actor_seconds"] = [time.perf_counter() - start]
+        metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
+        self.actor_lr_scheduler.step()
+        if self._is_rollout:
+            metrics["perf/weight_sync_seconds"] = [self._sync_rollout_weights()]
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_fingerprint(self) -> dict[str, float]:
+        """Sums of the actor's and the rollout engine's weights (used by tests to see updates and syncs)."""
+        actor = sum(float(t.double().sum()) for _, t in full_state_dict_items(self.actor_module))
+        rollout = sum(float(p.double().sum()) for p in self.rollout.module.state_dict().values())
+        return {"actor": actor, "rollout": rollout}
