@@ -122,3 +122,45 @@ def test_main_ppo_cli_with_tiny_defaults(tmp_path):
     lines = [line for line in result.stdout.splitlines() if line.startswith("step:")]
     assert [line.split(" ")[0] for line in lines] == ["step:1", "step:2"]
     assert "actor/pg_loss:" in lines[-1] and "critic/score/mean:" in lines[-1]
+
+
+def test_dynamic_bsz_kl_in_reward_entropy_bonus_and_cosine_schedule(ray_session, tiny_model_dir, arithmetic_data_dir):
+    """The other switches of the step: token-budget micro-batches, adaptive KL in the reward, entropy bonus,
+    two PPO epochs, warmup + cosine lr, sampled validation with n=2."""
+    from transformers import AutoTokenizer
+
+    cfg = load_config(overrides=_overrides(
+        tiny_model_dir, arithmetic_data_dir,
+        "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=200",
+        "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_penalty=low_var_kl",
+        "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.ppo_epochs=2",
+        "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
+        "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", "data.val_batch_size=16",
+        "trainer.total_training_steps=3", "trainer.test_freq=3", "trainer.balance_batch=false"))
+    validate_ppo_config(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    train = RLHFDataset(cfg.data.train_files, tokenizer, cfg.data)
+    val = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data)
+    reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0)
+    trainer = RayPPOTrainer(cfg, tokenizer, train, val, reward_fn, reward_fn, device="cpu")
+    trainer.init_workers()
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.shutdown()
+    first, second, third = history
+    # lr: warmup from 0 at step 1 (so step 1 leaves the weights alone), then cosine decay over the 3 steps.
+    assert first["actor/lr"] == 0.0 and second["actor/lr"] == pytest.approx(1e-3)
+    assert 0 < third["actor/lr"] < 1e-3
+    for metrics in history:
+        for key in ("actor/pg_loss", "actor/entropy_loss", "actor/reward_kl_penalty", "actor/grad_norm"):
+            assert math.isfinite(metrics[key]), key
+        assert "actor/kl_loss" not in metrics
+        assert metrics["actor/reward_kl_penalty_coeff"] > 0
+    # actor == ref until the first step with lr > 0 (step 2) has changed the weights.
+    assert first["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
+    assert second["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
+    assert third["actor/reward_kl_penalty"] > 0
+    assert second["actor/reward_kl_penalty_coeff"] != first["actor/reward_kl_penalty_coeff"]  # adaptive
+    assert "val-core/arithmetic/reward/mean@2" in third

@@ -82,6 +82,9 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------------------------------------- models
     def _load_hf_model(self):
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
         model_cfg = self.config.model
         model = AutoModelForCausalLM.from_pretrained(

@@ -1,0 +1,119 @@
+"""The actor's micro-batching must not change the update: same gradient as one pass over the mini-batch."""
+
+import copy
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from verl.protocol import DataProto
+from verl.utils.torch_functional import logprobs_from_logits
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+PROMPT, RESPONSE, VOCAB = 5, 6, 50
+
+
+def _model():
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def _config(**overrides):
+    cfg = {
+        "ppo_mini_batch_size": 6, "ppo_micro_batch_size_per_gpu": None, "use_dynamic_bsz": False,
+        "ppo_max_token_len_per_gpu": 1000, "ppo_epochs": 1, "shuffle": False, "clip_ratio": 0.2,
+        "clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean",
+        "entropy_coeff": 0.0, "use_kl_loss": False, "kl_loss_coef": 0.001, "kl_loss_type": "low_var_kl",
+        "policy_loss": {"loss_mode": "vanilla"}, "optim": {"clip_grad": 1e9},
+    }
+    cfg.update(overrides)
+    return OmegaConf.create(cfg)
+
+
+def _batch(model):
+    """6 sequences with left-padded prompts and responses of different valid lengths."""
+    torch.manual_seed(1)
+    bs = 6
+    prompt_lens = [5, 3, 4, 5, 2, 4]
+    response_lens = [6, 1, 3, 6, 4, 2]
+    prompts = torch.randint(3, VOCAB, (bs, PROMPT))
+    responses = torch.randint(3, VOCAB, (bs, RESPONSE))
+    attention = torch.zeros(bs, PROMPT + RESPONSE, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_lens, response_lens)):
+        attention[i, PROMPT - p : PROMPT + r] = 1
+    position_ids = torch.clip(torch.cumsum(attention, -1) - 1, min=0)
+    input_ids = torch.cat([prompts, responses], -1)
+    response_mask = attention[:, PROMPT:]
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits
+        old = logprobs_from_logits(logits[:, PROMPT - 1 : -1], responses)
+    data = DataProto.from_dict(tensors={
+        "input_ids": input_ids, "attention_mask": attention, "position_ids": position_ids, "responses": responses,
+        "response_mask": response_mask, "old_log_probs": old - 0.05 * torch.randn(bs, RESPONSE),
+        "ref_log_prob": old + 0.1 * torch.randn(bs, RESPONSE),
+        "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])[:, None] * response_mask,
+    }, meta_info={"temperature": 0.7})
+    return data
+
+
+def _update(model, data, **overrides):
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    actor = DataParallelPPOActor(_config(**overrides), model, optimizer)
+    metrics = actor.update_policy(data)
+    return model, metrics
+
+
+@pytest.mark.parametrize("overrides", [
+    {"ppo_micro_batch_size_per_gpu": 2},
+    {"ppo_micro_batch_size_per_gpu": 1, "loss_agg_mode": "seq-mean-token-mean"},
+    {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 22},
+    {"ppo_micro_batch_size_per_gpu": 3, "use_kl_loss": True, "entropy_coeff": 0.01},
+])
+def test_micro_batches_give_the_full_batch_update(overrides):
+    model = _model()
+    data = _batch(model)
+    full_overrides = {k: v for k, v in overrides.items() if k not in ("ppo_micro_batch_size_per_gpu", "use_dynamic_bsz",
+                                                                      "ppo_max_token_len_per_gpu")}
+    reference, ref_metrics = _update(model, data, **full_overrides)
+    split, metrics = _update(model, data, **overrides)
+    assert len(metrics["actor/pg_loss"]) > 1  # really split
+    for (name, p_ref), (_, p_split) in zip(reference.named_parameters(), split.named_parameters()):
+        torch.testing.assert_close(p_split, p_ref, atol=1e-5, rtol=1e-4, msg=name)
+    assert metrics["actor/grad_norm"] == pytest.approx(ref_metrics["actor/grad_norm"], rel=1e-4)
+
+
+def test_compute_log_prob_matches_forward_and_restores_order_with_dynamic_bsz():
+    model = _model()
+    data = _batch(model)
+    actor = DataParallelPPOActor(_config(), model)
+    data.meta_info.update(micro_batch_size=None, use_dynamic_bsz=False)
+    full, entropy = actor.compute_log_prob(data, calculate_entropy=True)
+    data.meta_info.update(use_dynamic_bsz=True, max_token_len=22)
+    dynamic, dyn_entropy = actor.compute_log_prob(data, calculate_entropy=True)
+    torch.testing.assert_close(dynamic, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dyn_entropy, entropy, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        logits = model(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
+                       position_ids=data.batch["position_ids"]).logits[:, PROMPT - 1 : -1] / 0.7
+    torch.testing.assert_close(full, logprobs_from_logits(logits, data.batch["responses"]), atol=1e-5, rtol=1e-5)
+
+
+def test_ppo_epochs_take_one_step_per_mini_batch_and_epoch():
+    model = _model()
+    _, metrics = _update(model, _batch(model), ppo_mini_batch_size=3, ppo_epochs=2)
+    assert len(metrics["actor/grad_norm"]) == 4
+
+
+def test_non_finite_gradient_skips_the_step():
+    model = _model()
+    data = _batch(model)
+    data.batch["advantages"][0, 0] = float("nan")
+    updated, metrics = _update(model, data)
+    assert math.isnan(metrics["actor/grad_norm"][0])
+    for p_before, p_after in zip(model.parameters(), updated.parameters()):
+        assert torch.equal(p_before, p_after)
