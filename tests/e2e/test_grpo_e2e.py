@@ -7,33 +7,9 @@ import sys
 
 import pytest
 import torch
-
-from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-from verl.trainer.ppo.reward import load_reward_manager
-from verl.utils.config import load_config, validate_ppo_config
-from verl.utils.dataset.rl_dataset import RLHFDataset
+from e2e_utils import build_trainer, tiny_overrides
 
 pytestmark = pytest.mark.e2e
-
-
-def _overrides(model_dir, data_dir, *extra):
-    return [
-        f"actor_rollout_ref.model.path={model_dir}",
-        f"data.train_files={data_dir}/train.parquet",
-        f"data.val_files={data_dir}/test.parquet",
-        "data.train_batch_size=8",
-        "data.max_prompt_length=64",
-        "data.max_response_length=16",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        "trainer.n_gpus_per_node=2",
-        "trainer.device=cpu",
-        "trainer.total_training_steps=3",
-        "trainer.val_before_train=false",
-        *extra,
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +17,9 @@ def trained(ray_session, tiny_model_dir, arithmetic_data_dir):
     """Three GRPO steps with the KL loss on (so the reference worker runs too), then one more step to inspect."""
     from transformers import AutoTokenizer
 
-    cfg = load_config(overrides=_overrides(tiny_model_dir, arithmetic_data_dir,
-                                           "actor_rollout_ref.actor.use_kl_loss=true", "trainer.test_freq=3"))
-    validate_ppo_config(cfg)
+    trainer = build_trainer(tiny_overrides(tiny_model_dir, arithmetic_data_dir, "actor_rollout_ref.actor.use_kl_loss=true",
+                                           "trainer.test_freq=3"), tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    train = RLHFDataset(cfg.data.train_files, tokenizer, cfg.data)
-    val = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data)
-    reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0)
-    trainer = RayPPOTrainer(cfg, tokenizer, train, val, reward_fn, reward_fn, device="cpu")
-    trainer.init_workers()
     before = trainer.actor_rollout_wg.weight_fingerprint()
     history = trainer.fit()
     after = trainer.actor_rollout_wg.weight_fingerprint()
@@ -65,6 +35,7 @@ def test_three_steps_with_finite_losses(trained):
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean"):
             assert math.isfinite(metrics[key]), (key, metrics[key])
         assert metrics["actor/lr"] == pytest.approx(1e-3)
+        assert metrics["critic/score/std"] > 0  # the digit reward gives GRPO a signal in every group
         assert metrics["timing_s/gen"] > 0 and metrics["perf/throughput"] > 0
     assert "val-core/arithmetic/reward/mean@1" in history[-1]
 
@@ -127,9 +98,7 @@ def test_main_ppo_cli_with_tiny_defaults(tmp_path):
 def test_dynamic_bsz_kl_in_reward_entropy_bonus_and_cosine_schedule(ray_session, tiny_model_dir, arithmetic_data_dir):
     """The other switches of the step: token-budget micro-batches, adaptive KL in the reward, entropy bonus,
     two PPO epochs, warmup + cosine lr, sampled validation with n=2."""
-    from transformers import AutoTokenizer
-
-    cfg = load_config(overrides=_overrides(
+    trainer = build_trainer(tiny_overrides(
         tiny_model_dir, arithmetic_data_dir,
         "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=200",
         "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_penalty=low_var_kl",
@@ -137,14 +106,7 @@ def test_dynamic_bsz_kl_in_reward_entropy_bonus_and_cosine_schedule(ray_session,
         "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", "actor_rollout_ref.actor.optim.lr_warmup_steps=1",
         "actor_rollout_ref.rollout.val_kwargs.n=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0", "data.val_batch_size=16",
-        "trainer.total_training_steps=3", "trainer.test_freq=3", "trainer.balance_batch=false"))
-    validate_ppo_config(cfg)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    train = RLHFDataset(cfg.data.train_files, tokenizer, cfg.data)
-    val = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data)
-    reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0)
-    trainer = RayPPOTrainer(cfg, tokenizer, train, val, reward_fn, reward_fn, device="cpu")
-    trainer.init_workers()
+        "trainer.total_training_steps=3", "trainer.test_freq=3", "trainer.balance_batch=false"), tiny_model_dir)
     try:
         history = trainer.fit()
     finally:

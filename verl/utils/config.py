@@ -245,7 +245,14 @@ def validate_ppo_config(cfg: DictConfig) -> None:
     _need(actor.optim.lr_scheduler_type in ("constant", "cosine"),
           f"actor_rollout_ref.actor.optim.lr_scheduler_type={actor.optim.lr_scheduler_type!r} must be constant or "
           "cosine", problems)
-    _need(ref is not None, "actor_rollout_ref.ref is missing", problems)
+    resume_mode = cfg.trainer.resume_mode
+    _need(resume_mode in ("auto", "disable", "resume_path"),
+          f"trainer.resume_mode={resume_mode!r} must be one of auto, disable, resume_path", problems)
+    if resume_mode == "resume_path":
+        path = cfg.trainer.resume_from_path
+        _need(path is not None and os.path.isdir(os.path.expanduser(path)),
+              f"trainer.resume_mode=resume_path needs trainer.resume_from_path to be a global_step_N directory "
+              f"(got {path!r})", problems)
     _need(cfg.actor_rollout_ref.model.lora_rank == 0,
           "actor_rollout_ref.model.lora_rank>0 (LoRA) is not available yet; set it to 0", problems)
     _need(not cfg.reward_model.enable, "reward_model.enable=true (a model reward) is not available yet", problems)

@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint, save_rank_checkpoint
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
 
@@ -228,6 +229,28 @@ class ActorRolloutRefWorker(Worker):
         if self._is_rollout:
             metrics["perf/weight_sync_seconds"] = [self._sync_rollout_weights()]
         return DataProto(meta_info={"metrics": metrics})
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                        max_ckpt_to_keep: int | None = None):
+        """Write this rank's actor shard, optimizer, lr scheduler and RNG states under `local_path`.
+
+        Retention (`max_ckpt_to_keep`) and the atomic rename are the driver's job; the arguments keep verl's call.
+        """
+        module = self.actor_module
+        save_rank_checkpoint(local_path, self.rank, self.world_size, module, self.actor_optimizer,
+                             self.actor_lr_scheduler, hf_config=module.config, tokenizer=self.tokenizer,
+                             generation_config=module.generation_config)
+        torch.distributed.barrier()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
+        """Restore this rank's state from `local_path` and push the restored weights into the rollout engine."""
+        load_rank_checkpoint(local_path, self.rank, self.world_size, self.actor_module, self.actor_optimizer,
+                             self.actor_lr_scheduler)
+        if self._is_rollout:
+            self._sync_rollout_weights()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weight_fingerprint(self) -> dict[str, float]:

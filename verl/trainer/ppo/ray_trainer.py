@@ -7,6 +7,7 @@ prompts -> rollout -> reward -> old (and reference) log-probs -> advantage -> ac
 from __future__ import annotations
 
 import inspect
+import os
 import time
 import uuid
 from collections import defaultdict
@@ -22,6 +23,7 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, Ra
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward
+from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, find_latest_ckpt_path, remove_old_checkpoints
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
 from verl.utils.seqlen_balancing import balance_batch_partitions
@@ -211,12 +213,59 @@ class RayPPOTrainer:
             metrics.update(reduce_metrics(update.meta_info["metrics"]))
         return batch
 
+    # ------------------------------------------------------------------------------------------- checkpoints
+    @property
+    def checkpoint_root(self) -> str:
+        # Absolute, because the Ray workers that write the shards do not share the driver's working directory.
+        return os.path.abspath(os.path.expanduser(self.config.trainer.default_local_dir))
+
+    def _save_checkpoint(self) -> str:
+        """Save the workers' shards and the driver's state as global_step_N, atomically; apply retention."""
+        root = self.checkpoint_root
+        with atomic_step_dir(root, self.global_steps) as tmp:
+            self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"), global_step=self.global_steps)
+            driver_state = {"global_steps": self.global_steps, "dataloader": self.train_dataloader.state_dict()}
+            if self.config.algorithm.use_kl_in_reward:
+                driver_state["kl_ctrl_value"] = self.kl_ctrl_in_reward.value
+            torch.save(driver_state, os.path.join(tmp, "data.pt"))
+        remove_old_checkpoints(root, self.config.trainer.max_actor_ckpt_to_keep)
+        return os.path.join(root, f"global_step_{self.global_steps}")
+
+    def _load_checkpoint(self) -> None:
+        """Resume per `trainer.resume_mode`: auto (the newest complete checkpoint, if any), resume_path, disable."""
+        trainer_cfg = self.config.trainer
+        if trainer_cfg.resume_mode == "disable":
+            return
+        if trainer_cfg.resume_mode == "auto":
+            path = find_latest_ckpt_path(self.checkpoint_root)
+            if path is None:
+                print(f"[checkpoint] no checkpoint in {self.checkpoint_root}: training from scratch")
+                return
+        else:
+            path = os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
+        missing = [p for p in ("data.pt", os.path.join("actor", "fsdp_config.json"))
+                   if not os.path.exists(os.path.join(path, p))]
+        if missing:
+            raise FileNotFoundError(f"cannot resume from {path} (trainer.resume_mode={trainer_cfg.resume_mode}): "
+                                    f"missing {missing}; point trainer.resume_from_path at a global_step_N directory")
+        print(f"[checkpoint] resuming from {path}")
+        self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
+        driver_state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
+        self.global_steps = driver_state["global_steps"]
+        self.train_dataloader.load_state_dict(driver_state["dataloader"])
+        if "kl_ctrl_value" in driver_state and self.config.algorithm.use_kl_in_reward:
+            self.kl_ctrl_in_reward.value = driver_state["kl_ctrl_value"]
+
     # ------------------------------------------------------------------------------------------- the loop
     def fit(self):
         """Train for `total_training_steps`, logging one line of metrics per step and validating when asked."""
         cfg = self.config
         logger = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
                           default_backend=cfg.trainer.logger, config=OmegaConf.to_container(cfg, resolve=True))
+        self._load_checkpoint()
+        if self.global_steps >= self.total_training_steps:
+            print(f"[trainer] step {self.global_steps} of {self.total_training_steps} is done already: nothing to train")
+            return []
         do_validate = self.val_reward_fn is not None and self.val_dataloader is not None
         if do_validate and cfg.trainer.val_before_train:
             val_metrics = self._validate()
@@ -227,12 +276,18 @@ class RayPPOTrainer:
         progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training steps")
         self.global_steps += 1
         history = []
-        for _epoch in range(cfg.trainer.total_epochs):
+        # A resumed dataloader continues the epoch it was saved in (a finished epoch yields no batch first).
+        first_epoch = max(0, (self.global_steps - 2) // len(self.train_dataloader))
+        for _epoch in range(first_epoch, cfg.trainer.total_epochs):
             for batch_dict in self.train_dataloader:
                 metrics, timing = {"training/global_step": self.global_steps, "training/epoch": _epoch}, {}
                 with _timer("step", timing):
                     batch = self._step(batch_dict, metrics, timing)
                 last_step = self.global_steps >= self.total_training_steps
+                save_freq = cfg.trainer.save_freq
+                if save_freq > 0 and (last_step or self.global_steps % save_freq == 0):
+                    with _timer("save_checkpoint", timing):
+                        self._save_checkpoint()
                 if do_validate and cfg.trainer.test_freq > 0 and (
                         last_step or self.global_steps % cfg.trainer.test_freq == 0):
                     with _timer("testing", timing):

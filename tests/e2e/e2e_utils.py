@@ -1,0 +1,47 @@
+"""Shared set-up of the end-to-end tests: the tiny-run overrides and a trainer built the way main_ppo builds it."""
+
+import os
+
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.trainer.ppo.reward import load_reward_manager
+from verl.utils.config import load_config, validate_ppo_config
+from verl.utils.dataset.rl_dataset import RLHFDataset
+
+DIGIT_REWARD = os.path.join(os.path.dirname(__file__), "digit_reward.py")
+
+
+def tiny_overrides(model_dir, data_dir, *extra):
+    """3 GRPO steps of 8 prompts x 4 samples x 16 tokens on 2 CPU ranks, rewarded by the dense digit reward."""
+    return [
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files={data_dir}/train.parquet",
+        f"data.val_files={data_dir}/test.parquet",
+        "data.train_batch_size=8",
+        "data.max_prompt_length=64",
+        "data.max_response_length=16",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "trainer.n_gpus_per_node=2",
+        "trainer.device=cpu",
+        "trainer.total_training_steps=3",
+        "trainer.val_before_train=false",
+        f"custom_reward_function.path={DIGIT_REWARD}",
+        *extra,
+    ]
+
+
+def build_trainer(overrides, model_dir):
+    """A RayPPOTrainer with its workers started (the caller shuts it down)."""
+    from transformers import AutoTokenizer
+
+    cfg = load_config(overrides=overrides)
+    validate_ppo_config(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    train = RLHFDataset(cfg.data.train_files, tokenizer, cfg.data)
+    val = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data)
+    reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0)
+    trainer = RayPPOTrainer(cfg, tokenizer, train, val, reward_fn, reward_fn, device="cpu")
+    trainer.init_workers()
+    return trainer
