@@ -1,0 +1,188 @@
+"""Merge an FSDP actor checkpoint into one HuggingFace model directory, on CPU and without torch.distributed.
+
+Each `model_world_size_W_rank_r.pt` holds rank r's local shard of every tensor (the layout is in
+docs/internal_contracts.md). A sharded tensor is the concatenation of the ranks' shards along its shard dim, in rank
+order; a replicated tensor is rank 0's copy. The merged state dict is loaded into a model built from
+`huggingface/config.json` and saved with `save_pretrained`, next to the tokenizer and generation config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import warnings
+
+import torch
+from tqdm import tqdm
+
+SHARD_FILE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be merged; the message says what is missing or wrong."""
+
+
+def shard_file_name(world_size: int, rank: int) -> str:
+    return f"model_world_size_{world_size}_rank_{rank}.pt"
+
+
+def _not_an_actor_dir(local_dir: str) -> CheckpointError:
+    """Explain a --local_dir without shards, guessing the right directory when the user pointed one level too high."""
+    if not os.path.isdir(local_dir):
+        return CheckpointError(f"--local_dir {local_dir} does not exist")
+    entries = os.listdir(local_dir)
+    if os.path.isdir(os.path.join(local_dir, "actor")):
+        return CheckpointError(
+            f"{local_dir} is a global_step_N directory, not an actor checkpoint; "
+            f"use --local_dir {os.path.join(local_dir, 'actor')}"
+        )
+    steps = sorted(int(m.group(1)) for name in entries if (m := STEP_DIR.match(name)))
+    if steps or LATEST_FILE in entries:
+        latest = steps[-1] if steps else "N"
+        if LATEST_FILE in entries:
+            with open(os.path.join(local_dir, LATEST_FILE)) as f:
+                latest = f.read().strip()
+        return CheckpointError(
+            f"{local_dir} is a run directory (trainer.default_local_dir), not an actor checkpoint; "
+            f"use --local_dir {os.path.join(local_dir, f'global_step_{latest}', 'actor')}"
+        )
+    return CheckpointError(
+        f"no model_world_size_*_rank_*.pt files and no fsdp_config.json in {local_dir}; "
+        "--local_dir must be <default_local_dir>/global_step_N/actor"
+    )
+
+
+def find_world_size(local_dir: str) -> int:
+    """world_size from fsdp_config.json, or (older checkpoints without it) from the shard file names."""
+    config_path = os.path.join(local_dir, "fsdp_config.json")
+    if os.path.exists(config_path):
+        with open(config_path) as f:
+            return int(json.load(f)["world_size"])
+    if not os.path.isdir(local_dir):
+        raise _not_an_actor_dir(local_dir)
+    sizes = {int(m.group(1)) for name in os.listdir(local_dir) if (m := SHARD_FILE.match(name))}
+    if not sizes:
+        raise _not_an_actor_dir(local_dir)
+    if len(sizes) > 1:
+        raise CheckpointError(
+            f"{local_dir} mixes shard files of world sizes {sorted(sizes)}; keep only one run's files there"
+        )
+    (world_size,) = sizes
+    warnings.warn(f"{config_path} not found; inferred world_size={world_size} from the shard file names", stacklevel=2)
+    return world_size
+
+
+def load_shards(local_dir: str, world_size: int) -> list[dict]:
+    """Every rank's shard file, in rank order, loaded on CPU."""
+    paths = [os.path.join(local_dir, shard_file_name(world_size, rank)) for rank in range(world_size)]
+    missing = [os.path.basename(p) for p in paths if not os.path.exists(p)]
+    if missing:
+        raise CheckpointError(f"world_size={world_size} but {local_dir} lacks {', '.join(missing)}")
+    shards = []
+    for path in tqdm(paths, desc="Loading shards", unit="rank"):
+        try:
+            shard = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise CheckpointError(
+                f"{path} is not a plain-tensor shard file (format quiver-local-shards-v1); "
+                f"checkpoints saved by verl itself hold DTensors: merge those with verl ({e})"
+            ) from e
+        if not isinstance(shard, dict) or "tensors" not in shard:
+            raise CheckpointError(f"{path} has no 'tensors' entry; expected the quiver-local-shards-v1 layout")
+        shards.append(shard)
+    return shards
+
+
+def merge_shards(shards: list[dict]) -> dict[str, torch.Tensor]:
+    """Full tensors from the ranks' local shards; checks each against the saved global shape."""
+    merged = {}
+    for name, placement in shards[0]["placements"].items():
+        lacking = [rank for rank, shard in enumerate(shards) if name not in shard["tensors"]]
+        if lacking:
+            raise CheckpointError(f"tensor {name} is missing from the shard files of ranks {lacking}")
+        pieces = [shard["tensors"].pop(name) for shard in shards]
+        expected = list(shards[0]["global_shapes"][name])
+        shapes = f"global shape {expected}, rank shard shapes {[list(p.shape) for p in pieces]}"
+        if placement[0] == "shard":
+            try:
+                full = torch.cat(pieces, dim=placement[1])
+            except RuntimeError as e:
+                raise CheckpointError(f"tensor {name}: cannot concatenate along dim {placement[1]} ({shapes})") from e
+        else:
+            full = pieces[0]
+        if list(full.shape) != expected:
+            raise CheckpointError(f"tensor {name}: merged shape {list(full.shape)} != {shapes}")
+        merged[name] = full
+    return merged
+
+
+def build_hf_model(hf_dir: str, state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.nn.Module:
+    """A model from `hf_dir`'s config holding exactly `state_dict` (tied weights may appear once or twice)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config_path = os.path.join(hf_dir, "config.json")
+    if not os.path.exists(config_path):
+        raise CheckpointError(
+            f"{config_path} not found; the merger needs the HF config that the trainer saves in <actor>/huggingface/"
+        )
+    config = AutoConfig.from_pretrained(hf_dir)
+    config.dtype = dtype
+    with torch.device("meta"):  # no memory for the random init; every tensor is replaced below
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    result = model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=False, assign=True)
+    model.tie_weights()  # re-tie (e.g. lm_head to embed_tokens) after assign=True replaced the parameters
+    missing = [name for name, t in model.state_dict().items() if t.is_meta]
+    if missing or result.unexpected_keys:
+        raise CheckpointError(
+            f"the checkpoint does not match {config_path} ({config.architectures}): "
+            f"missing keys {missing}, unexpected keys {result.unexpected_keys}"
+        )
+    return model
+
+
+def merged_model(local_dir: str, dtype: str | None = None) -> torch.nn.Module:
+    """Load, merge and check the shards in `local_dir`; `dtype` None keeps the shards' dtype."""
+    world_size = find_world_size(local_dir)
+    shards = load_shards(local_dir, world_size)
+    torch_dtype = DTYPES[dtype] if dtype else getattr(torch, shards[0].get("dtype", "float32"))
+    return build_hf_model(os.path.join(local_dir, "huggingface"), merge_shards(shards), torch_dtype)
+
+
+def merge_checkpoint(local_dir: str, target_dir: str, dtype: str | None = None) -> str:
+    """Write the merged model as safetensors plus the tokenizer and generation config to `target_dir`."""
+    model = merged_model(local_dir, dtype)
+    model.save_pretrained(target_dir, safe_serialization=True)
+    hf_dir = os.path.join(local_dir, "huggingface")
+    for name in sorted(os.listdir(hf_dir)):
+        # config.json was just written with the merged dtype; weights saved with the config are not the trained ones
+        if name != "config.json" and not name.endswith(WEIGHT_SUFFIXES) and os.path.isfile(os.path.join(hf_dir, name)):
+            shutil.copy2(os.path.join(hf_dir, name), os.path.join(target_dir, name))
+    return target_dir
+
+
+def compare_with_hf(local_dir: str, test_hf_dir: str, atol: float = 1e-6) -> tuple[bool, list[str]]:
+    """(match, report lines): max abs difference per tensor between the merged checkpoint and an HF model."""
+    from transformers import AutoModelForCausalLM
+
+    merged = merged_model(local_dir).state_dict()
+    reference = AutoModelForCausalLM.from_pretrained(test_hf_dir, dtype="auto").state_dict()
+    lines, ok = [], True
+    for name in sorted(set(merged) | set(reference)):
+        if name not in merged or name not in reference:
+            ok = False
+            lines.append(f"{name}: only in the {'merged checkpoint' if name in merged else 'reference'}")
+        elif merged[name].shape != reference[name].shape:
+            ok = False
+            lines.append(f"{name}: shape {list(merged[name].shape)} != reference {list(reference[name].shape)}")
+        else:
+            diff = (merged[name].float() - reference[name].float()).abs().max().item() if merged[name].numel() else 0.0
+            ok &= diff <= atol
+            lines.append(f"{name}: max abs diff {diff:.3g}{'' if diff <= atol else f' > atol {atol:g}  MISMATCH'}")
+    return ok, lines
