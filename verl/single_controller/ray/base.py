@@ -42,6 +42,8 @@ class RayResourcePool:
         self.name_prefix = name_prefix
         self.max_colocate_count = max_colocate_count
         self.detached = detached
+        # Placement-group names must be unique in the cluster, also while an earlier pool's removal is in flight.
+        self._uid = uuid.uuid4().hex[:8]
         self._pgs: list[PlacementGroup] | None = None
 
     @property
@@ -103,7 +105,7 @@ class RayResourcePool:
         pg = placement_group(
             [self.bundle] * n,
             strategy="STRICT_PACK",
-            name=f"{self.name_prefix}node{index}" if self.name_prefix else "",
+            name=f"{self.name_prefix}_{self._uid}_node{index}" if self.name_prefix else "",
             lifetime="detached" if self.detached else None,
             bundle_label_selector=selector,
         )
