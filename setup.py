@@ -22,7 +22,9 @@ setup(
     package_data={"verl": ["trainer/config/*.yaml"]},
     install_requires=install_requires,
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout", "ruff>=0.6"],
+        "test": ["pytest>=8", "pytest-timeout", "ruff>=0.6", "wandb>=0.31", "tensorboard>=2.21"],
+        # trainer.logger=[..., wandb, tensorboard]
+        "tracking": ["wandb>=0.31", "tensorboard>=2.21"],
         # Real vLLM on CUDA GPUs.
         "vllm": ["vllm>=0.10"],
         # vLLM's CPU backend; pins torch 2.13.0 and transformers <5.20.

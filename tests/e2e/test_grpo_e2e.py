@@ -1,5 +1,6 @@
 """End to end: GRPO with PPO-clip on the tiny model, 2 FSDP ranks as Ray actors, HF rollout, on CPU."""
 
+import json
 import math
 import os
 import subprocess
@@ -13,18 +14,22 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def trained(ray_session, tiny_model_dir, arithmetic_data_dir):
+def trained(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path_factory):
     """Three GRPO steps with the KL loss on (so the reference worker runs too), then one more step to inspect."""
     from transformers import AutoTokenizer
 
+    run_dir = tmp_path_factory.mktemp("run")
     trainer = build_trainer(tiny_overrides(tiny_model_dir, arithmetic_data_dir, "actor_rollout_ref.actor.use_kl_loss=true",
-                                           "trainer.test_freq=3"), tiny_model_dir)
+                                           "trainer.test_freq=3", f"trainer.default_local_dir={run_dir}",
+                                           f"trainer.rollout_data_dir={run_dir}/rollouts",
+                                           f"trainer.validation_data_dir={run_dir}/val"), tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     before = trainer.actor_rollout_wg.weight_fingerprint()
     history = trainer.fit()
     after = trainer.actor_rollout_wg.weight_fingerprint()
     batch = trainer._step(next(iter(trainer.train_dataloader)), {}, {})
-    yield {"history": history, "before": before, "after": after, "batch": batch, "tokenizer": tokenizer}
+    yield {"history": history, "before": before, "after": after, "batch": batch, "tokenizer": tokenizer,
+           "run_dir": run_dir}
     trainer.shutdown()
 
 
@@ -38,6 +43,18 @@ def test_three_steps_with_finite_losses(trained):
         assert metrics["critic/score/std"] > 0  # the digit reward gives GRPO a signal in every group
         assert metrics["timing_s/gen"] > 0 and metrics["perf/throughput"] > 0
     assert "val-core/arithmetic/reward/mean@1" in history[-1]
+
+
+def test_metrics_jsonl_and_generation_dumps(trained):
+    run_dir = trained["run_dir"]
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert lines[0]["actor/pg_loss"] == pytest.approx(trained["history"][0]["actor/pg_loss"])
+    assert sorted(os.listdir(run_dir / "rollouts")) == ["1.jsonl", "2.jsonl", "3.jsonl"]
+    rows = [json.loads(line) for line in (run_dir / "rollouts" / "1.jsonl").read_text().splitlines()]
+    assert len(rows) == 32 and {"input", "output", "score", "step"} <= set(rows[0])
+    assert "What is" in rows[0]["input"]
+    assert os.listdir(run_dir / "val") == ["3.jsonl"]
 
 
 def test_actor_weights_changed_and_rollout_has_them(trained):

@@ -157,7 +157,7 @@ def validate_ppo_config(cfg: DictConfig) -> None:
 
     problems: list[str] = []
     data, actor = cfg.data, cfg.actor_rollout_ref.actor
-    rollout, ref = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref
+    rollout = cfg.actor_rollout_ref.rollout
     n_ranks = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     n = rollout.n
 

@@ -178,7 +178,8 @@ class RayWorkerGroup:
     ):
         self.resource_pool = resource_pool
         self.device = device
-        self.name_prefix = name_prefix or f"wg{uuid.uuid4().hex[:6]}"
+        # Actor names must be unique in the cluster, also while an earlier group's actors are still being killed.
+        self.name_prefix = f"{name_prefix or 'wg'}_{uuid.uuid4().hex[:6]}"
         self._workers: list = []
         self._create_workers(ray_cls_with_init)
         self._bind_worker_methods(ray_cls_with_init.user_cls)

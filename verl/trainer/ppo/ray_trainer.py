@@ -28,7 +28,7 @@ from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
 from verl.utils.seqlen_balancing import balance_batch_partitions
 from verl.utils.torch_functional import masked_mean
-from verl.utils.tracking import Tracking
+from verl.utils.tracking import Tracking, dump_generations
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
 GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -147,10 +147,24 @@ class RayPPOTrainer:
         per_rank = np.array(seqlens)[order].reshape(self.n_ranks, -1).sum(-1)
         metrics["perf/rank_token_imbalance"] = float(per_rank.max() / max(per_rank.mean(), 1))
 
+    def _decode(self, batch: DataProto) -> tuple[list[str], list[str]]:
+        """Prompt and response texts of a generated batch (for dumps and printed samples)."""
+        prompts = self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
+        responses = [self.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+                     for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])]
+        return prompts, responses
+
+    def _dump(self, directory: str | None, batch: DataProto, scores: list[float], extra_info: dict) -> None:
+        """Write this step's prompts, responses and scores as JSONL (`trainer.rollout_data_dir` and friends)."""
+        if directory:
+            prompts, responses = self._decode(batch)
+            dump_generations(prompts, responses, scores, extra_info, self.global_steps, os.path.expanduser(directory))
+
     def _validate(self) -> dict[str, float]:
         """Generate on the validation set with `rollout.val_kwargs` and report the mean score per data source."""
+        trainer_cfg = self.config.trainer
         val_n = self.config.actor_rollout_ref.rollout.val_kwargs.n
-        scores, sources = [], []
+        scores, sources, samples = [], [], []
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict)
             gen_batch = batch.pop(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
@@ -158,9 +172,15 @@ class RayPPOTrainer:
             output = self._generate(gen_batch.repeat(val_n, interleave=True))
             output.meta_info.pop("metrics", None)
             batch = batch.repeat(val_n, interleave=True).union(output)
-            reward_tensor, _ = compute_reward(batch, self.val_reward_fn)
-            scores.extend(reward_tensor.sum(-1).tolist())
+            reward_tensor, extra_info = compute_reward(batch, self.val_reward_fn)
+            batch_scores = reward_tensor.sum(-1).tolist()
+            scores.extend(batch_scores)
             sources.extend(batch.non_tensor_batch[self.config.data.reward_fn_key].tolist())
+            self._dump(trainer_cfg.validation_data_dir, batch, batch_scores, extra_info)
+            if len(samples) < trainer_cfg.log_val_generations:
+                samples.extend(zip(*self._decode(batch), batch_scores))
+        for prompt, response, score in samples[: trainer_cfg.log_val_generations]:
+            print(f"[validation sample] score={score:.3g}\n  prompt: {prompt!r}\n  response: {response!r}")
         by_source = defaultdict(list)
         for source, score in zip(sources, scores):
             by_source[source].append(score)
@@ -189,6 +209,7 @@ class RayPPOTrainer:
                 column = np.empty(len(values), dtype=object)
                 column[:] = values
                 batch.non_tensor_batch[key] = column
+        self._dump(cfg.trainer.rollout_data_dir, batch, reward_tensor.sum(-1).tolist(), reward_extra_info)
 
         with _timer("old_log_prob", timing):
             batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
@@ -260,12 +281,21 @@ class RayPPOTrainer:
     def fit(self):
         """Train for `total_training_steps`, logging one line of metrics per step and validating when asked."""
         cfg = self.config
-        logger = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
-                          default_backend=cfg.trainer.logger, config=OmegaConf.to_container(cfg, resolve=True))
         self._load_checkpoint()
         if self.global_steps >= self.total_training_steps:
             print(f"[trainer] step {self.global_steps} of {self.total_training_steps} is done already: nothing to train")
             return []
+        # metrics.jsonl lives beside the checkpoints; a resumed run drops the lines of steps it will redo.
+        logger = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
+                          default_backend=cfg.trainer.logger, config=OmegaConf.to_container(cfg, resolve=True),
+                          run_dir=self.checkpoint_root, resume_step=self.global_steps + 1 if self.global_steps else None)
+        try:
+            return self._train_loop(logger)
+        finally:
+            logger.finish()
+
+    def _train_loop(self, logger: Tracking):
+        cfg = self.config
         do_validate = self.val_reward_fn is not None and self.val_dataloader is not None
         if do_validate and cfg.trainer.val_before_train:
             val_metrics = self._validate()
@@ -278,16 +308,12 @@ class RayPPOTrainer:
         history = []
         # A resumed dataloader continues the epoch it was saved in (a finished epoch yields no batch first).
         first_epoch = max(0, (self.global_steps - 2) // len(self.train_dataloader))
-        for _epoch in range(first_epoch, cfg.trainer.total_epochs):
+        for epoch in range(first_epoch, cfg.trainer.total_epochs):
             for batch_dict in self.train_dataloader:
-                metrics, timing = {"training/global_step": self.global_steps, "training/epoch": _epoch}, {}
+                metrics, timing = {"training/global_step": self.global_steps, "training/epoch": epoch}, {}
                 with _timer("step", timing):
                     batch = self._step(batch_dict, metrics, timing)
                 last_step = self.global_steps >= self.total_training_steps
-                save_freq = cfg.trainer.save_freq
-                if save_freq > 0 and (last_step or self.global_steps % save_freq == 0):
-                    with _timer("save_checkpoint", timing):
-                        self._save_checkpoint()
                 if do_validate and cfg.trainer.test_freq > 0 and (
                         last_step or self.global_steps % cfg.trainer.test_freq == 0):
                     with _timer("testing", timing):
@@ -296,6 +322,9 @@ class RayPPOTrainer:
                 metrics.update(compute_timing_metrics(timing, batch, self.n_ranks))
                 logger.log(metrics, step=self.global_steps)
                 history.append(metrics)
+                # Saved after logging, so a resumed run never lacks the metrics of a step it will not redo.
+                if cfg.trainer.save_freq > 0 and (last_step or self.global_steps % cfg.trainer.save_freq == 0):
+                    self._save_checkpoint()
                 progress.update(1)
                 if last_step:
                     progress.close()
