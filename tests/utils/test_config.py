@@ -92,3 +92,8 @@ def test_main_exits_2_with_message_before_anything_starts(capsys):
     assert main(["trainer.total_epoch=3"]) == 2
     err = capsys.readouterr().err
     assert "unknown config key 'trainer.total_epoch'" in err and "trainer.total_epochs" in err
+
+
+def test_string_accepted_for_a_one_item_list():
+    cfg = load_config(overrides=["trainer.logger=console"])
+    assert cfg.trainer.logger == "console"

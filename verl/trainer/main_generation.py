@@ -206,9 +206,7 @@ def run_generation(config: DictConfig) -> dict[str, dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    config_dir, config_name, overrides = parse_cli(argv)
-    if not any(arg.startswith(("--config-name", "-cn")) for arg in argv):
-        config_name = "generation"  # parse_cli's default is the trainer's config
+    config_dir, config_name, overrides = parse_cli(argv, default_config_name="generation")
     try:
         run_generation(load_config(config_name, overrides, config_dir=config_dir))
     except ConfigError as err:

@@ -15,9 +15,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.utils.config import CONFIG_DIR, ConfigError, load_config, resolve_device, validate_ppo_config
 
 
-def parse_cli(argv: list[str]) -> tuple[str, str, list[str]]:
+def parse_cli(argv: list[str], default_config_name: str = "ppo_trainer") -> tuple[str, str, list[str]]:
     """Split Hydra-style `--config-path`/`--config-name` flags from `k=v` overrides."""
-    config_dir, config_name, overrides = CONFIG_DIR, "ppo_trainer", []
+    config_dir, config_name, overrides = CONFIG_DIR, default_config_name, []
     args = iter(argv)
     for arg in args:
         for flag in ("--config-path", "--config-name", "-cp", "-cn"):

@@ -59,6 +59,16 @@ def check_override_keys(base: DictConfig, overrides: Iterable[str]) -> None:
         raise ConfigError("\n".join(problems))
 
 
+def drop_plus_for_existing_key(base: DictConfig, override: str) -> str:
+    """`+a.b=c` -> `a.b=c` when a.b exists: verl scripts write `+` on keys that verl's config already has."""
+    if override.startswith("+") and not override.startswith("++") and "=" in override:
+        key = override[1:].split("=", 1)[0].strip()
+        if OmegaConf.select(base, key, default=_MISSING) is not _MISSING:
+            return override[1:]
+    return override
+
+
+_MISSING = object()
 _TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list",
                dict: "a mapping"}
 
@@ -106,6 +116,8 @@ def check_types(defaults: DictConfig, cfg: DictConfig, prefix: str = "") -> None
             continue
         if want is float and got is int:
             continue
+        if want is list and got is str:  # verl scripts write trainer.logger=console for a one-item list
+            continue
         problems.append(f"{path}={value!r} must be {_TYPE_NAMES.get(want, want.__name__)} "
                         f"(default: {default_node._value()!r})")
     if problems:
@@ -125,6 +137,7 @@ def load_config(config_name: str = "ppo_trainer", overrides: list[str] | None = 
     try:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
             base = compose(config_name=config_name)
+            overrides = [drop_plus_for_existing_key(base, o) for o in overrides]
             check_override_keys(base, overrides)
             cfg = compose(config_name=config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
@@ -133,7 +146,8 @@ def load_config(config_name: str = "ppo_trainer", overrides: list[str] | None = 
     return cfg
 
 
-def _need(condition: bool, message: str, problems: list[str]) -> None:
+def need(condition: bool, message: str, problems: list[str]) -> None:
+    """Record `message` in `problems` unless `condition` holds (rules are collected, then reported together)."""
     if not condition:
         problems.append(message)
 
@@ -165,30 +179,30 @@ def validate_ppo_config(cfg: DictConfig) -> None:
                 "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_epochs",
                 "data.max_prompt_length", "data.max_response_length"):
         value = OmegaConf.select(cfg, key)
-        _need(isinstance(value, int) and value >= 1, f"{key}={value} must be a positive integer", problems)
+        need(isinstance(value, int) and value >= 1, f"{key}={value} must be a positive integer", problems)
     if problems:
         raise ConfigError("\n".join(problems))
 
-    _need(cfg.trainer.device in ("auto", "cpu", "cuda"),
+    need(cfg.trainer.device in ("auto", "cpu", "cuda"),
           f"trainer.device={cfg.trainer.device!r} must be one of auto, cpu, cuda", problems)
-    _need(data.truncation in ("error", "left", "right", "middle"),
+    need(data.truncation in ("error", "left", "right", "middle"),
           f"data.truncation={data.truncation!r} must be one of error, left, right, middle", problems)
-    _need(rollout.name in ("auto", "hf", "vllm"),
+    need(rollout.name in ("auto", "hf", "vllm"),
           f"actor_rollout_ref.rollout.name={rollout.name!r} must be one of auto, hf, vllm", problems)
-    _need(rollout.mode in ("sync",),
+    need(rollout.mode in ("sync",),
           f"actor_rollout_ref.rollout.mode={rollout.mode!r} is not available; use sync", problems)
 
     # Batch sizes. train_batch_size and ppo_mini_batch_size count prompts; each prompt has n responses.
     bsz, mini = data.train_batch_size, actor.ppo_mini_batch_size
-    _need(bsz * n % n_ranks == 0,
+    need(bsz * n % n_ranks == 0,
           f"data.train_batch_size * actor_rollout_ref.rollout.n = {bsz} * {n} = {bsz * n} responses must be divisible "
           f"by the number of ranks trainer.nnodes * trainer.n_gpus_per_node = {n_ranks}", problems)
-    _need(mini <= bsz, f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must be <= data.train_batch_size={bsz}",
+    need(mini <= bsz, f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must be <= data.train_batch_size={bsz}",
           problems)
-    _need(bsz % mini == 0,
+    need(bsz % mini == 0,
           f"data.train_batch_size={bsz} must be divisible by actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
           problems)
-    _need(mini * n % n_ranks == 0,
+    need(mini * n % n_ranks == 0,
           f"actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n = {mini} * {n} = {mini * n} must be divisible by "
           f"the number of ranks {n_ranks} (trainer.nnodes * trainer.n_gpus_per_node)", problems)
     if actor.ppo_micro_batch_size is not None and actor.ppo_micro_batch_size_per_gpu is not None:
@@ -199,29 +213,29 @@ def validate_ppo_config(cfg: DictConfig) -> None:
         micro = max(1, actor.ppo_micro_batch_size // n_ranks)
     if not actor.use_dynamic_bsz and micro is not None and mini * n % n_ranks == 0:
         per_rank = mini * n // n_ranks
-        _need(micro >= 1 and per_rank % micro == 0,
+        need(micro >= 1 and per_rank % micro == 0,
               f"the per-rank mini-batch (ppo_mini_batch_size * n / ranks = {per_rank}) must be divisible by "
               f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}", problems)
     seq_len = data.max_prompt_length + data.max_response_length
     if actor.use_dynamic_bsz:
-        _need(actor.ppo_max_token_len_per_gpu >= seq_len,
+        need(actor.ppo_max_token_len_per_gpu >= seq_len,
               f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={actor.ppo_max_token_len_per_gpu} must be at least "
               f"data.max_prompt_length + data.max_response_length = {seq_len}", problems)
         for key in ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
                     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"):
             value = OmegaConf.select(cfg, key)
-            _need(value >= seq_len, f"{key}={value} must be at least max_prompt_length + max_response_length = "
+            need(value >= seq_len, f"{key}={value} must be at least max_prompt_length + max_response_length = "
                   f"{seq_len}", problems)
     for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
         value = OmegaConf.select(cfg, key)
-        _need(value is None or value >= 1, f"{key}={value} must be >= 1 (or null)", problems)
-    _need(rollout.micro_batch_size is None or rollout.micro_batch_size >= 1,
+        need(value is None or value >= 1, f"{key}={value} must be >= 1 (or null)", problems)
+    need(rollout.micro_batch_size is None or rollout.micro_batch_size >= 1,
           f"actor_rollout_ref.rollout.micro_batch_size={rollout.micro_batch_size} must be >= 1 (or null)", problems)
     if rollout.val_kwargs.n > 1 and not rollout.val_kwargs.do_sample:
         problems.append(f"actor_rollout_ref.rollout.val_kwargs.n={rollout.val_kwargs.n} needs "
                         "val_kwargs.do_sample=true (greedy samples would all be equal)")
-    _need(data.val_batch_size is None or data.val_batch_size >= 1,
+    need(data.val_batch_size is None or data.val_batch_size >= 1,
           f"data.val_batch_size={data.val_batch_size} must be >= 1 (or null)", problems)
 
     # Algorithms are looked up in the registries, so a later algorithm only needs to register itself.
@@ -230,32 +244,32 @@ def validate_ppo_config(cfg: DictConfig) -> None:
         ("actor_rollout_ref.actor.policy_loss.loss_mode", core_algos.POLICY_LOSS_REGISTRY, "policy losses"),
     ):
         value = OmegaConf.select(cfg, key)
-        _need(value in registry, f"{key}={value!r} is not a registered name; known {label}: "
+        need(value in registry, f"{key}={value!r} is not a registered name; known {label}: "
               f"{', '.join(sorted(registry))}", problems)
     modes, kl_names = core_algos.LOSS_AGG_MODES, core_algos.KL_ESTIMATORS
-    _need(actor.loss_agg_mode in modes,
+    need(actor.loss_agg_mode in modes,
           f"actor_rollout_ref.actor.loss_agg_mode={actor.loss_agg_mode!r} must be one of {', '.join(modes)}", problems)
     for key in ("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_penalty"):
         value = OmegaConf.select(cfg, key)
-        _need(str(value).rstrip("+") in kl_names, f"{key}={value!r} must be one of {', '.join(kl_names)} "
+        need(str(value).rstrip("+") in kl_names, f"{key}={value!r} must be one of {', '.join(kl_names)} "
               "(optionally with a trailing +)", problems)
-    _need(cfg.algorithm.kl_ctrl.type in ("fixed", "adaptive"),
+    need(cfg.algorithm.kl_ctrl.type in ("fixed", "adaptive"),
           f"algorithm.kl_ctrl.type={cfg.algorithm.kl_ctrl.type!r} must be fixed or adaptive", problems)
-    _need(actor.clip_ratio_c > 1.0, f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1", problems)
-    _need(actor.optim.lr_scheduler_type in ("constant", "cosine"),
+    need(actor.clip_ratio_c > 1.0, f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1", problems)
+    need(actor.optim.lr_scheduler_type in ("constant", "cosine"),
           f"actor_rollout_ref.actor.optim.lr_scheduler_type={actor.optim.lr_scheduler_type!r} must be constant or "
           "cosine", problems)
     resume_mode = cfg.trainer.resume_mode
-    _need(resume_mode in ("auto", "disable", "resume_path"),
+    need(resume_mode in ("auto", "disable", "resume_path"),
           f"trainer.resume_mode={resume_mode!r} must be one of auto, disable, resume_path", problems)
     if resume_mode == "resume_path":
         path = cfg.trainer.resume_from_path
-        _need(path is not None and os.path.isdir(os.path.expanduser(path)),
+        need(path is not None and os.path.isdir(os.path.expanduser(path)),
               f"trainer.resume_mode=resume_path needs trainer.resume_from_path to be a global_step_N directory "
               f"(got {path!r})", problems)
-    _need(cfg.actor_rollout_ref.model.lora_rank == 0,
+    need(cfg.actor_rollout_ref.model.lora_rank == 0,
           "actor_rollout_ref.model.lora_rank>0 (LoRA) is not available yet; set it to 0", problems)
-    _need(not cfg.reward_model.enable, "reward_model.enable=true (a model reward) is not available yet", problems)
+    need(not cfg.reward_model.enable, "reward_model.enable=true (a model reward) is not available yet", problems)
 
     # Files that must exist.
     for key in ("data.train_files", "data.val_files"):
@@ -263,14 +277,14 @@ def validate_ppo_config(cfg: DictConfig) -> None:
         if files is None:
             continue
         for path in [files] if isinstance(files, str) else list(files):
-            _need(os.path.exists(os.path.expanduser(path)), f"{key}: file not found: {path}", problems)
+            need(os.path.exists(os.path.expanduser(path)), f"{key}: file not found: {path}", problems)
     model_path = cfg.actor_rollout_ref.model.path
     if model_path is not None:
-        _need(os.path.isdir(os.path.expanduser(model_path)),
+        need(os.path.isdir(os.path.expanduser(model_path)),
               f"actor_rollout_ref.model.path: not a local model directory: {model_path} "
               "(models are never downloaded at run time)", problems)
     if cfg.custom_reward_function.path is not None:
-        _need(os.path.exists(cfg.custom_reward_function.path),
+        need(os.path.exists(cfg.custom_reward_function.path),
               f"custom_reward_function.path: file not found: {cfg.custom_reward_function.path}", problems)
 
     if problems:

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
 METRICS_FILE = "metrics.jsonl"
@@ -65,7 +68,8 @@ class ConsoleLogger:
 
     def log(self, data: dict[str, Any], step: int) -> None:
         items = " - ".join(f"{key}:{_format_value(value)}" for key, value in sorted(data.items()))
-        print(f"step:{step} - {items}", flush=True)
+        # tqdm.write keeps the line clear of a progress bar drawn on the same terminal.
+        tqdm.write(f"step:{step} - {items}", file=sys.stdout)
 
     def finish(self) -> None:
         pass

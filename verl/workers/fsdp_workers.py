@@ -14,13 +14,13 @@ import time
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint, save_rank_checkpoint
+from verl.utils.fsdp_utils import build_optimizer, shard_model
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
 
@@ -96,38 +96,14 @@ class ActorRolloutRefWorker(Worker):
         )
         return model.to(self._torch_device)
 
-    def _shard(self, model: torch.nn.Module, fsdp_config) -> torch.nn.Module:
-        """Apply FSDP2: each decoder layer is its own shard group, then the root (embeddings, norm, head)."""
-        kwargs = {"mesh": self._mesh, "reshard_after_forward": fsdp_config.get("reshard_after_forward", True)}
-        if self.device == "cuda":
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if fsdp_config.get("param_offload") or fsdp_config.get("offload_policy"):
-                kwargs["offload_policy"] = CPUOffloadPolicy()
-        layers = getattr(getattr(model, "model", None), "layers", None)
-        if layers is None:
-            raise ValueError(f"{type(model).__name__} has no model.layers; FSDP2 wrapping expects a decoder-only HF "
-                             "model such as Qwen2 or Llama")
-        for layer in layers:
-            fully_shard(layer, **kwargs)
-        fully_shard(model, **kwargs)
-        return model
-
     def _build_optimizer(self, model: torch.nn.Module):
-        from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
-
         optim = self.config.actor.optim
-        optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
-                                      weight_decay=optim.weight_decay)
         total = max(1, int(optim.total_training_steps))
         warmup = int(optim.lr_warmup_steps) if optim.lr_warmup_steps > 0 else int(optim.lr_warmup_steps_ratio * total)
-        style = optim.warmup_style or optim.lr_scheduler_type
-        if style == "cosine":
-            scheduler = get_cosine_with_min_lr_schedule_with_warmup(
-                optimizer, num_warmup_steps=warmup, num_training_steps=total, num_cycles=optim.num_cycles,
-                min_lr_rate=optim.min_lr_ratio)
-        else:
-            scheduler = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
-        return optimizer, scheduler
+        return build_optimizer(model, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
+                               total_steps=total, warmup_steps=warmup,
+                               scheduler=optim.warmup_style or optim.lr_scheduler_type, num_cycles=optim.num_cycles,
+                               min_lr_ratio=optim.min_lr_ratio)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -144,13 +120,13 @@ class ActorRolloutRefWorker(Worker):
             model = self._load_hf_model()
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            self.actor_module = self._shard(model, self.config.actor.fsdp_config)
+            self.actor_module = shard_model(model, self._mesh, self.device, self.config.actor.fsdp_config)
             self.actor_optimizer, self.actor_lr_scheduler = self._build_optimizer(self.actor_module)
             self.actor = DataParallelPPOActor(self.config.actor, self.actor_module, self.actor_optimizer)
         if self._is_ref:
             ref_model = self._load_hf_model()
             ref_model.requires_grad_(False)
-            self.ref_module = self._shard(ref_model, self.config.ref.fsdp_config)
+            self.ref_module = shard_model(ref_model, self._mesh, self.device, self.config.ref.fsdp_config)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module)
         if self._is_rollout:
             name = resolve_rollout_name(self.config.rollout.name, self.device)

@@ -6,7 +6,7 @@ import os
 import socket
 
 # torch.distributed backend per device; on CUDA, gloo stays available so CPU tensors can be reduced too.
-_BACKENDS = {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl"}
+BACKENDS = {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl"}
 
 
 def find_free_port() -> int:
@@ -42,8 +42,8 @@ class Worker:
 
         if dist.is_initialized():
             return
-        if device not in _BACKENDS:
-            raise ValueError(f"device must be one of {sorted(_BACKENDS)}, got {device!r}")
+        if device not in BACKENDS:
+            raise ValueError(f"device must be one of {sorted(BACKENDS)}, got {device!r}")
         if self.world_size == 1 and not self.master_addr:
             # a single process outside a worker group still needs a rendezvous address for env://
             self.master_addr, self.master_port = "127.0.0.1", str(find_free_port())
@@ -53,5 +53,5 @@ class Worker:
                 f"rank {self.rank}: MASTER_ADDR/MASTER_PORT are not set; workers get them from RayWorkerGroup"
             )
         dist.init_process_group(
-            backend=_BACKENDS[device], init_method="env://", rank=self.rank, world_size=self.world_size
+            backend=BACKENDS[device], init_method="env://", rank=self.rank, world_size=self.world_size
         )

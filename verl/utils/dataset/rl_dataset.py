@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 
 
-def _read_rows(path: str) -> list[dict]:
+def read_rows(path: str) -> list[dict]:
     """All rows of one .parquet, .jsonl or .json (a list of objects) file as plain Python dicts."""
     if path.endswith(".parquet"):
         return pq.read_table(path).to_pylist()
@@ -131,7 +131,7 @@ class RLHFDataset(Dataset):
         self.origins: list[tuple[str, int, int]] = []  # (file, row in file, row over all files) per item
         for path in self.data_files:
             path = os.path.expanduser(path)
-            for i, row in enumerate(_read_rows(path)):
+            for i, row in enumerate(read_rows(path)):
                 self.rows.append(_check_row(row, f"{path}, row {i}", self.prompt_key, self.reward_fn_key))
                 self.origins.append((path, i, len(self.origins)))
         if config.get("filter_overlong_prompts", False):

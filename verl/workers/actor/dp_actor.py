@@ -7,14 +7,13 @@ loss aggregated over the whole (per-rank) mini-batch.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
+from verl.utils.fsdp_utils import clip_grad_and_step
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
@@ -89,20 +88,6 @@ class DataParallelPPOActor:
         return log_probs, entropys
 
     # ------------------------------------------------------------------------------------------------ update
-    def _optimizer_step(self) -> float:
-        """Clip the gradient norm and step; skip the step (and say so) when the norm is not finite."""
-        params = [p for p in self.actor_module.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm=self.config.optim.clip_grad)
-        if isinstance(grad_norm, DTensor):
-            grad_norm = grad_norm.full_tensor()
-        grad_norm = float(grad_norm)
-        if math.isfinite(grad_norm):
-            self.actor_optimizer.step()
-        else:
-            print(f"[actor] gradient norm is {grad_norm}: skipping this optimizer step")
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        return grad_norm
-
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """PPO update: `ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` sequences.
 
@@ -161,6 +146,7 @@ class DataParallelPPOActor:
                     metrics["actor/pg_loss"].append(pg_loss.item())
                     for name, value in pg_metrics.items():
                         metrics[name].append(float(value))
-                metrics["actor/grad_norm"].append(self._optimizer_step())
+                metrics["actor/grad_norm"].append(
+                    clip_grad_and_step(self.actor_module, self.actor_optimizer, self.config.optim.clip_grad))
         return dict(metrics)
 

@@ -1,0 +1,68 @@
+"""FSDP2 wrapping, the optimizer with its schedule, and the clipped optimizer step: shared by RL and SFT."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+
+def shard_model(model: torch.nn.Module, mesh, device: str, fsdp_config=None) -> torch.nn.Module:
+    """Apply FSDP2: each decoder layer is its own shard group, then the root (embeddings, norm, head).
+
+    On CUDA, compute runs in bf16 with fp32 gradient reduction, and `param_offload`/`offload_policy` keep the
+    parameters in host memory between uses. On CPU everything stays fp32.
+    """
+    fsdp_config = fsdp_config or {}
+    kwargs = {"mesh": mesh, "reshard_after_forward": fsdp_config.get("reshard_after_forward", True)}
+    if device == "cuda":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if fsdp_config.get("param_offload") or fsdp_config.get("offload_policy"):
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__} has no model.layers; FSDP2 wrapping expects a decoder-only HF "
+                         "model such as Qwen2 or Llama")
+    for layer in layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def build_optimizer(model: torch.nn.Module, lr: float, betas, weight_decay: float, total_steps: int,
+                    warmup_steps: int = 0, scheduler: str = "constant", num_cycles: float = 0.5,
+                    min_lr_ratio: float = 0.0):
+    """AdamW plus a linear warmup followed by a constant or cosine learning rate (transformers' schedules)."""
+    from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    if scheduler == "cosine":
+        lr_scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+            optimizer, num_warmup_steps=warmup_steps, num_training_steps=max(1, total_steps), num_cycles=num_cycles,
+            min_lr_rate=min_lr_ratio)
+    elif scheduler == "constant":
+        lr_scheduler = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup_steps)
+    else:
+        raise ValueError(f"unknown lr scheduler {scheduler!r}; expected constant or cosine")
+    return optimizer, lr_scheduler
+
+
+def clip_grad_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float,
+                       who: str = "actor") -> float:
+    """Clip the gradient norm, step, zero the gradients; the step is skipped (and said) when the norm is not finite.
+
+    Returns the norm before clipping.
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+    if isinstance(grad_norm, DTensor):
+        grad_norm = grad_norm.full_tensor()
+    grad_norm = float(grad_norm)
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        print(f"[{who}] gradient norm is {grad_norm}: skipping this optimizer step")
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
