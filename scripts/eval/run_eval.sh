@@ -5,15 +5,11 @@
 # Without N_SAMPLES, N comes from an AvgN token in the data file name (math500_Avg8.parquet -> 8), else 1.
 # Sampling follows generation.yaml (temperature 1.0); for greedy decoding pass N=1 and rollout.do_sample=false.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../../tools/_python.sh"
 if [[ $# -lt 2 ]]; then
     echo "usage: $0 MODEL_DIR DATA_PARQUET [N_SAMPLES] [k=v overrides ...]" >&2
     exit 2
 fi
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-python="$repo/.venv/bin/python"
-[[ -x "$python" ]] || python=python3
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-export TOKENIZERS_PARALLELISM=false
 model_dir="$1" data="$2"
 shift 2
 samples=()

@@ -1,7 +1,7 @@
 import pytest
 
-from verl.trainer.main_ppo import main, parse_cli
-from verl.utils.config import ConfigError, load_config, validate_ppo_config
+from verl.trainer.main_ppo import main
+from verl.utils.config import ConfigError, load_config, parse_cli, validate_ppo_config
 
 
 def test_defaults_load_and_validate():

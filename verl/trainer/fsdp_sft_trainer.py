@@ -33,8 +33,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from verl.single_controller.base.worker import BACKENDS, find_free_port
-from verl.trainer.main_ppo import parse_cli
-from verl.utils.config import ConfigError, load_config, need, resolve_device
+from verl.utils.config import ConfigError, need, resolve_device, run_cli
 from verl.utils.dataset.sft_dataset import FORMATS, TRUNCATION_MODES, SFTDataset
 from verl.utils.fsdp_utils import build_optimizer, clip_grad_and_step, shard_model
 from verl.utils.tracking import Tracking
@@ -305,17 +304,14 @@ def run_sft(config: DictConfig) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------- CLI
-def main(argv: list[str] | None = None) -> int:
-    config_dir, config_name, overrides = parse_cli(sys.argv[1:] if argv is None else argv, CONFIG_NAME)
-    try:
-        config = load_config(config_name, overrides, config_dir=config_dir)
-        out_dir = run_sft(config)
-    except ConfigError as err:
-        print(f"Config error: {err}", file=sys.stderr)
-        return 2
+def _run_and_report(config: DictConfig) -> None:
+    out_dir = run_sft(config)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"[sft] saved the fine-tuned HF model to {out_dir}", flush=True)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(CONFIG_NAME, _run_and_report, argv)
 
 
 if __name__ == "__main__":

@@ -34,9 +34,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from verl.protocol import DataProto
-from verl.trainer.main_ppo import parse_cli
 from verl.trainer.ppo.eval_metrics import compute_eval_metrics, format_metrics_table
-from verl.utils.config import ConfigError, load_config, resolve_device
+from verl.utils.config import ConfigError, resolve_device, run_cli
 
 # "AvgN" as its own token: not preceded by a letter (so "navg8" does not count) and not followed by more digits.
 _AVG_N_TOKEN = re.compile(r"(?<![a-z])avg(\d+)(?!\d)", re.IGNORECASE)
@@ -205,14 +204,7 @@ def run_generation(config: DictConfig) -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    config_dir, config_name, overrides = parse_cli(argv, default_config_name="generation")
-    try:
-        run_generation(load_config(config_name, overrides, config_dir=config_dir))
-    except ConfigError as err:
-        print(f"Config error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli("generation", run_generation, argv)
 
 
 if __name__ == "__main__":

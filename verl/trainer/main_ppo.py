@@ -12,25 +12,7 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl.utils.config import CONFIG_DIR, ConfigError, load_config, resolve_device, validate_ppo_config
-
-
-def parse_cli(argv: list[str], default_config_name: str = "ppo_trainer") -> tuple[str, str, list[str]]:
-    """Split Hydra-style `--config-path`/`--config-name` flags from `k=v` overrides."""
-    config_dir, config_name, overrides = CONFIG_DIR, default_config_name, []
-    args = iter(argv)
-    for arg in args:
-        for flag in ("--config-path", "--config-name", "-cp", "-cn"):
-            if arg == flag or arg.startswith(flag + "="):
-                value = arg.split("=", 1)[1] if "=" in arg else next(args, "")
-                if flag in ("--config-path", "-cp"):
-                    config_dir = os.path.abspath(value)
-                else:
-                    config_name = value.removesuffix(".yaml")
-                break
-        else:
-            overrides.append(arg)
-    return config_dir, config_name, overrides
+from verl.utils.config import resolve_device, run_cli, validate_ppo_config
 
 
 def prepare_defaults(config: DictConfig) -> None:
@@ -108,14 +90,7 @@ def run_ppo(config: DictConfig):
 
 
 def main(argv: list[str] | None = None) -> int:
-    config_dir, config_name, overrides = parse_cli(sys.argv[1:] if argv is None else argv)
-    try:
-        config = load_config(config_name, overrides, config_dir=config_dir)
-        run_ppo(config)
-    except ConfigError as err:
-        print(f"Config error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli("ppo_trainer", run_ppo, argv)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,38 @@ def load_config(config_name: str = "ppo_trainer", overrides: list[str] | None = 
         raise ConfigError(f"could not apply the overrides {overrides}: {err}") from err
     check_types(base, cfg)
     return cfg
+
+
+def parse_cli(argv: list[str], default_config_name: str = "ppo_trainer") -> tuple[str, str, list[str]]:
+    """Split Hydra-style `--config-path`/`--config-name` flags from `k=v` overrides."""
+    config_dir, config_name, overrides = CONFIG_DIR, default_config_name, []
+    args = iter(argv)
+    for arg in args:
+        for flag in ("--config-path", "--config-name", "-cp", "-cn"):
+            if arg == flag or arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1] if "=" in arg else next(args, "")
+                if flag in ("--config-path", "-cp"):
+                    config_dir = os.path.abspath(value)
+                else:
+                    config_name = value.removesuffix(".yaml")
+                break
+        else:
+            overrides.append(arg)
+    return config_dir, config_name, overrides
+
+
+def run_cli(default_config_name: str, run, argv: list[str] | None = None) -> int:
+    """The body of every `python -m verl.trainer.X k=v ...` entry: parse, load and check the config, call `run`.
+
+    A config mistake prints one message and exits with code 2 before anything starts.
+    """
+    config_dir, config_name, overrides = parse_cli(sys.argv[1:] if argv is None else argv, default_config_name)
+    try:
+        run(load_config(config_name, overrides, config_dir=config_dir))
+    except ConfigError as err:
+        print(f"Config error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def need(condition: bool, message: str, problems: list[str]) -> None:
