@@ -28,8 +28,11 @@ def trained(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path_factory):
     history = trainer.fit()
     after = trainer.actor_rollout_wg.weight_fingerprint()
     batch = trainer._step(next(iter(trainer.train_dataloader)), {}, {})
+    # The weights after that step, as the actor sees them and as a checkpoint merged to HF holds them.
+    actor_log_probs = trainer.actor_rollout_wg.compute_log_prob(batch).batch["old_log_probs"]
+    checkpoint = trainer._save_checkpoint()
     yield {"history": history, "before": before, "after": after, "batch": batch, "tokenizer": tokenizer,
-           "run_dir": run_dir}
+           "run_dir": run_dir, "actor_log_probs": actor_log_probs, "checkpoint": checkpoint}
     trainer.shutdown()
 
 
@@ -55,6 +58,24 @@ def test_metrics_jsonl_and_generation_dumps(trained):
     assert len(rows) == 32 and {"input", "output", "score", "step"} <= set(rows[0])
     assert "What is" in rows[0]["input"]
     assert os.listdir(run_dir / "val") == ["3.jsonl"]
+
+
+def test_checkpoint_merged_to_hf_gives_the_actor_log_probs(trained, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from verl.model_merger import merge_checkpoint
+    from verl.utils.torch_functional import logprobs_from_logits
+
+    merge_checkpoint(os.path.join(trained["checkpoint"], "actor"), str(tmp_path / "hf"))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    batch = trained["batch"].batch
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).logits
+    response_len = batch["responses"].shape[-1]
+    log_probs = logprobs_from_logits(logits[:, -response_len - 1 : -1], batch["responses"])  # temperature 1
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(log_probs[mask], trained["actor_log_probs"][mask], atol=1e-4, rtol=1e-4)
 
 
 def test_actor_weights_changed_and_rollout_has_them(trained):
