@@ -37,7 +37,8 @@ def test_resume_gives_the_same_metrics(ray_session, tiny_model_dir, arithmetic_d
     straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
     straight = _train(tiny_overrides(tiny_model_dir, arithmetic_data_dir, *extra,
                                      f"trainer.default_local_dir={straight_dir}"), tiny_model_dir)
-    assert sorted(os.listdir(straight_dir)) == ["global_step_2", "global_step_4", "global_step_5", LATEST_FILE]
+    assert sorted(os.listdir(straight_dir)) == ["global_step_2", "global_step_4", "global_step_5", LATEST_FILE,
+                                               "metrics.jsonl"]
     assert (straight_dir / LATEST_FILE).read_text() == "5"
     actor_files = sorted(os.listdir(straight_dir / "global_step_2" / "actor"))
     assert actor_files == ["extra_state_world_size_2_rank_0.pt", "extra_state_world_size_2_rank_1.pt",

@@ -74,8 +74,9 @@ Reinforcement learning rewards the model when its answer is right and gives less
 def _tokenizer_corpus() -> list[str]:
     """Deterministic training text: chat-formatted arithmetic dialogues plus the generic text above."""
     dialogues = [
-        f"user\n{row['prompt'][0]['content']}\nassistant\n{sft_text(row)}\n"
+        f"user\n{row['prompt'][0]['content']}\nassistant\n{sft_text(row, worked=worked)}\n"
         for row in make_arithmetic_rows(512, seed=0, split="tokenizer")
+        for worked in (False, True)
     ]
     return dialogues + _GENERIC_TEXT.splitlines(keepends=True)
 
