@@ -1,0 +1,429 @@
+"""Seconds per GRPO step: Quiver against TRL's `GRPOTrainer`, same model, prompts and settings, on CPU.
+
+    .venv/bin/pip install -r benchmarks/requirements.txt     # TRL, for this benchmark only
+    .venv/bin/python benchmarks/grpo_step.py                 # 8 prompts x 8 samples x 32 tokens, 6 steps, 2 ranks
+    .venv/bin/python benchmarks/grpo_step.py --ranks 1 --out /tmp/grpo_step_r1.json
+
+Both sides train the tiny Qwen2 of `verl.utils.tiny_model` (built once into a temp dir) on the arithmetic train
+prompts, with the same GRPO step: `--prompts` prompts x `--n` samples at temperature 1, at most `--response-length`
+tokens each, the rule reward `default_compute_score("arithmetic", ...)`, group-normalised advantages
+(reward - mean) / std, PPO-clip at 0.2 with the token-mean loss (TRL's "dapo"), no KL term (beta = 0), one epoch and
+one optimizer step (AdamW, the same lr and weight decay, constant schedule, grad-norm clip 1.0) per batch, fp32,
+no gradient checkpointing.
+
+One known difference of work: Quiver, like verl, recomputes the old log-probs in a separate forward pass
+(`old_log_prob`), while TRL skips it when each batch gets exactly one optimizer step (then old = current, detached).
+
+Each side runs in its own child process of this script, one after the other, so neither sees the other's threads,
+Ray workers or allocator. A step is timed from the start of generation to the end of the optimizer step (and, for
+Quiver, the weight push into the rollout engine); the first `--warmup` steps are dropped, and the ratio uses the
+median of the rest. The parent also measures how many cores other processes kept busy meanwhile ("others"): on a
+shared machine a figure is only worth comparing when that is near 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+SIDES = ("quiver", "trl")
+# Quiver's phases in step order; "other" is the rest of the step (batch bookkeeping, balancing, Ray dispatch).
+QUIVER_PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor")
+# TRL's phases, measured by wrapping its `_generate` and `_calculate_rewards`; "other" is the rest of the step:
+# advantages, the loss forward/backward and the optimizer step.
+TRL_PHASES = ("gen", "reward")
+# Above this many cores busy with other processes, a side's timing is flagged as not comparable.
+CONTENDED_CORES = 0.3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step (data.train_batch_size)")
+    parser.add_argument("--n", type=int, default=8, help="samples per prompt (rollout.n, TRL num_generations)")
+    parser.add_argument("--response-length", type=int, default=32, help="max tokens per response")
+    parser.add_argument("--steps", type=int, default=6, help="training steps per side, warm-up included")
+    parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the timing")
+    parser.add_argument("--ranks", type=int, default=2, help="Quiver's FSDP ranks (trainer.n_gpus_per_node)")
+    parser.add_argument("--lr", type=float, default=1e-6, help="learning rate of both sides")
+    parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay of both sides")
+    parser.add_argument("--max-prompt-length", type=int, default=None,
+                        help="Quiver's data.max_prompt_length (prompts are left-padded to it); "
+                             "default: the longest train prompt, as TRL pads to the longest prompt of a batch")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--side", choices=("both", *SIDES), default="both", help="run one side only")
+    parser.add_argument("--out", help="write the results as JSON to this file")
+    parser.add_argument("--work-dir", help=argparse.SUPPRESS)  # set by the parent for its children
+    parser.add_argument("--result", help=argparse.SUPPRESS)  # where a child writes its summary
+    args = parser.parse_args(argv)
+    if args.steps <= args.warmup:
+        parser.error(f"--steps={args.steps} must be larger than --warmup={args.warmup}: no step would be timed")
+    return args
+
+
+# ----------------------------------------------------------------------------------------------- shared inputs
+def prepare_inputs(work_dir: str, seed: int) -> tuple[str, str]:
+    """Build the tiny model and write the arithmetic task into `work_dir`; returns (model_dir, data_dir)."""
+    from verl.utils.dataset.arithmetic import write_arithmetic_dataset
+    from verl.utils.tiny_model import build_tiny_model
+
+    model_dir, data_dir = os.path.join(work_dir, "model"), os.path.join(work_dir, "data")
+    if not os.path.exists(os.path.join(model_dir, "config.json")):
+        build_tiny_model(model_dir, seed=seed)
+    if not os.path.exists(os.path.join(data_dir, "train.parquet")):
+        write_arithmetic_dataset(data_dir, train_size=1024, test_size=64, seed=seed)
+    return model_dir, data_dir
+
+
+def load_train_rows(data_dir: str) -> list[dict]:
+    """The train prompts as plain Python: chat messages and ground truth."""
+    import pandas as pd
+
+    frame = pd.read_parquet(os.path.join(data_dir, "train.parquet"))
+    return [
+        {"prompt": [dict(message) for message in row.prompt], "ground_truth": row.reward_model["ground_truth"]}
+        for row in frame.itertuples()
+    ]
+
+
+def longest_prompt_tokens(model_dir: str, data_dir: str) -> int:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return max(
+        len(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False))
+        for row in load_train_rows(data_dir)
+    )
+
+
+def summarize(step_seconds: list[float], phase_seconds: list[dict[str, float]], warmup: int,
+              mean_response_length: float) -> dict:
+    """Mean / median / min / max over the steps after the warm-up, and the mean seconds of each phase."""
+    timed, phases = step_seconds[warmup:], phase_seconds[warmup:]
+    mean_phases = {name: statistics.fmean(p.get(name, 0.0) for p in phases) for name in phases[0]}
+    mean_phases["other"] = statistics.fmean(timed) - sum(mean_phases.values())
+    return {
+        "s_per_step": statistics.fmean(timed),
+        "median_s": statistics.median(timed),
+        "min_s": min(timed),
+        "max_s": max(timed),
+        "steps_timed": len(timed),
+        "all_step_seconds": step_seconds,
+        "phases_s": mean_phases,
+        "mean_response_length": mean_response_length,
+    }
+
+
+# ----------------------------------------------------------------------------------------------- Quiver side
+def run_quiver(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
+    import ray
+
+    from verl.trainer.main_ppo import run_ppo
+    from verl.utils.config import load_config
+
+    max_prompt_length = args.max_prompt_length or longest_prompt_tokens(model_dir, data_dir)
+    overrides = [
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files={data_dir}/train.parquet",
+        f"data.val_files={data_dir}/test.parquet",
+        f"data.train_batch_size={args.prompts}",
+        f"data.max_prompt_length={max_prompt_length}",
+        f"data.max_response_length={args.response_length}",
+        f"data.seed={args.seed}",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.norm_adv_by_std_in_grpo=true",
+        "algorithm.use_kl_in_reward=false",
+        f"actor_rollout_ref.rollout.n={args.n}",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.top_p=1.0",
+        "actor_rollout_ref.rollout.top_k=-1",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+        "actor_rollout_ref.actor.ppo_epochs=1",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.clip_ratio=0.2",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}",
+        f"actor_rollout_ref.actor.optim.weight_decay={args.weight_decay}",
+        "actor_rollout_ref.actor.optim.clip_grad=1.0",
+        "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        "reward_model.num_examine=0",
+        f"trainer.n_gpus_per_node={args.ranks}",
+        f"trainer.total_training_steps={args.steps}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.device=cpu",
+        f"trainer.seed={args.seed}",
+        # Never resume from (or write) a checkpoint of another run.
+        "trainer.resume_mode=disable",
+        "trainer.save_freq=-1",
+        f"trainer.default_local_dir={args.work_dir}/checkpoints",
+    ]
+    try:
+        history = run_ppo(load_config(overrides=overrides))
+    finally:
+        ray.shutdown()
+    steps = [m["timing_s/step"] for m in history]
+    phases = [{name: m.get(f"timing_s/{name}", 0.0) for name in QUIVER_PHASES} for m in history]
+    timed = history[args.warmup:]
+    summary = summarize(steps, phases, args.warmup,
+                        statistics.fmean(m["response_length/mean"] for m in timed))
+    # Inside update_actor: the PPO update itself and the push of the new weights into the rollout engine.
+    summary["update_actor_parts_s"] = {
+        part: statistics.fmean(m.get(f"perf/{part}_seconds", 0.0) for m in timed)
+        for part in ("update_actor", "weight_sync")
+    }
+    summary.update(ranks=args.ranks, max_prompt_length=max_prompt_length)
+    return summary
+
+
+# ----------------------------------------------------------------------------------------------- TRL side
+def run_trl(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from verl.utils.reward_score import default_compute_score
+
+    phase_seconds: dict[str, float] = defaultdict(float)
+    response_lengths: list[int] = []
+
+    def timed(name, method):
+        def wrapper(*a, **kw):
+            start = time.perf_counter()
+            try:
+                return method(*a, **kw)
+            finally:
+                phase_seconds[name] += time.perf_counter() - start
+
+        return wrapper
+
+    class PhaseTimedGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer whose generation and reward calls add their seconds to `phase_seconds`."""
+
+        def _generate(self, *a, **kw):
+            return timed("gen", super()._generate)(*a, **kw)
+
+        def _calculate_rewards(self, *a, **kw):
+            return timed("reward", super()._calculate_rewards)(*a, **kw)
+
+    class StepTimer(TrainerCallback):
+        """Wall time from on_step_begin to on_step_end of every optimizer step, with its phases."""
+
+        def __init__(self):
+            self.step_seconds, self.phases, self._start = [], [], 0.0
+
+        def on_step_begin(self, *_, **__):
+            phase_seconds.clear()
+            self._start = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            self.step_seconds.append(time.perf_counter() - self._start)
+            self.phases.append({name: phase_seconds.get(name, 0.0) for name in TRL_PHASES})
+
+    def arithmetic_reward(completions, ground_truth, completion_ids, **_):
+        response_lengths.extend(len(ids) for ids in completion_ids)
+        return [default_compute_score("arithmetic", completion[0]["content"], truth)
+                for completion, truth in zip(completions, ground_truth)]
+
+    config = GRPOConfig(
+        output_dir=os.path.join(args.work_dir, "trl_output"),
+        use_cpu=True,
+        bf16=False,
+        model_init_kwargs={"dtype": "float32"},
+        gradient_checkpointing=False,
+        seed=args.seed,
+        max_steps=args.steps,
+        # One generation batch of prompts x n completions per optimizer step, in one forward/backward.
+        per_device_train_batch_size=args.prompts * args.n,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=1,
+        num_generations=args.n,
+        max_completion_length=args.response_length,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=args.weight_decay,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="dapo",  # Quiver's token-mean: the sum over all tokens divided by their number
+        scale_rewards="group",
+        logging_strategy="no",
+        log_completions=False,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    timer = StepTimer()
+    trainer = PhaseTimedGRPOTrainer(
+        model=model_dir,
+        reward_funcs=[arithmetic_reward],
+        args=config,
+        train_dataset=Dataset.from_list(load_train_rows(data_dir)),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        callbacks=[timer],
+    )
+    trainer.train()
+    per_step = args.prompts * args.n
+    timed_lengths = response_lengths[args.warmup * per_step:]
+    summary = summarize(timer.step_seconds, timer.phases, args.warmup, statistics.fmean(timed_lengths))
+    summary.update(torch_threads=torch.get_num_threads())
+    return summary
+
+
+# ----------------------------------------------------------------------------------------------- driver
+def _proc_ticks() -> tuple[int, dict[int, tuple[int, int]]]:
+    """Busy CPU ticks of the whole machine, and (parent pid, CPU ticks) of every live process, from /proc."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    processes = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # the command name may hold spaces
+        except OSError:  # the process ended meanwhile
+            continue
+        processes[int(name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime + stime
+    return user + nice + system + irq + softirq + steal, processes
+
+
+def run_and_measure_foreign_cpu(command: list[str], env: dict) -> float:
+    """Run `command`; return how many cores, on average, other processes kept busy meanwhile.
+
+    Other people's jobs on the same cores slow either side down (TRL's two torch threads most of all), so each
+    result carries this figure: trust a comparison only when it is near 0 for both sides. The child's process tree
+    (Ray's workers included) is sampled twice a second; CPU time of its processes that end between samples is
+    counted as foreign, so the figure errs high.
+    """
+    start_busy, _ = _proc_ticks()
+    start = time.perf_counter()
+    child = subprocess.Popen(command, env=env)
+    own_ticks: dict[int, int] = {}
+    busy, wall = start_busy, 0.0
+    while child.poll() is None:
+        busy, processes = _proc_ticks()
+        wall = time.perf_counter() - start
+        tree, grown = {child.pid}, True
+        while grown:
+            before = len(tree)
+            tree |= {pid for pid, (ppid, _) in processes.items() if ppid in tree}
+            grown = len(tree) > before
+        own_ticks.update({pid: processes[pid][1] for pid in tree if pid in processes})
+        time.sleep(0.5)
+    if child.returncode:
+        raise subprocess.CalledProcessError(child.returncode, command)
+    foreign_ticks = busy - start_busy - sum(own_ticks.values())  # up to the last sample
+    return max(0.0, foreign_ticks / os.sysconf("SC_CLK_TCK") / max(wall, 1e-9))
+
+
+def run_side_in_child(side: str, args: argparse.Namespace, argv: list[str]) -> dict:
+    """Run one side in a fresh Python process and read back its summary."""
+    result = os.path.join(args.work_dir, f"{side}.json")
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.pop("RAY_ADDRESS", None)
+    command = [sys.executable, os.path.abspath(__file__), *argv, "--side", side, "--work-dir", args.work_dir,
+               "--result", result]
+    print(f"\n=== {side} ===", flush=True)
+    foreign = run_and_measure_foreign_cpu(command, env)
+    with open(result) as f:
+        summary = json.load(f)
+    summary["foreign_cpu_cores"] = foreign
+    return summary
+
+
+def strip_side_flags(argv: list[str]) -> list[str]:
+    """The user's flags without --side/--out/--work-dir/--result, which the parent sets for each child."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--side", "--out", "--work-dir", "--result"):
+            skip = "=" not in arg
+            continue
+        kept.append(arg)
+    return kept
+
+
+def print_report(args: argparse.Namespace, results: dict[str, dict]) -> None:
+    print(f"\nGRPO step, {args.prompts} prompts x {args.n} samples x {args.response_length} tokens, lr {args.lr:g}, "
+          f"{args.steps} steps per side ({args.warmup} warm-up dropped), {os.cpu_count()} CPU cores")
+    print(f"{'side':<16}{'s/step':>8}{'median':>8}{'min':>8}{'max':>8}{'resp len':>10}{'others':>8}")
+    for side, r in results.items():
+        label = f"Quiver ({r['ranks']} rank{'s' if r['ranks'] > 1 else ''})" if side == "quiver" else "TRL"
+        print(f"{label:<16}{r['s_per_step']:8.3f}{r['median_s']:8.3f}{r['min_s']:8.3f}{r['max_s']:8.3f}"
+              f"{r['mean_response_length']:10.1f}{r.get('foreign_cpu_cores', float('nan')):8.2f}")
+    print("(others: cores kept busy by other processes during the run; near 0 = a clean measurement)")
+    print("\nmean seconds per phase")
+    for side, r in results.items():
+        print(f"  {side:<8}" + "  ".join(f"{name} {seconds:.3f}" for name, seconds in r["phases_s"].items()))
+        if "update_actor_parts_s" in r:
+            parts = r["update_actor_parts_s"]
+            print(f"  {'':<8}(update_actor: PPO update {parts['update_actor']:.3f}, weight sync {parts['weight_sync']:.3f})")
+    for side, r in results.items():
+        if r.get("foreign_cpu_cores", 0.0) > CONTENDED_CORES:
+            print(f"\nWARNING: other processes kept {r['foreign_cpu_cores']:.2f} cores busy during the {side} run: "
+                  "its figures are inflated, run again on a quiet machine before comparing.")
+    if len(results) == 2:
+        ratio = speed_ratio(results, "median_s")
+        faster = "Quiver" if ratio > 1 else "TRL"
+        speedup = ratio if ratio > 1 else 1 / ratio
+        print(f"\nratio of means: {speed_ratio(results, 's_per_step'):.2f}x")
+        print(f"ratio (TRL s/step / Quiver s/step): {ratio:.2f}x (median steps; {faster} is faster, by {speedup:.2f}x)")
+
+
+def speed_ratio(results: dict[str, dict], statistic: str) -> float:
+    """TRL seconds per step over Quiver's: above 1 means Quiver is faster."""
+    return results["trl"][statistic] / results["quiver"][statistic]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    run_side = {"quiver": run_quiver, "trl": run_trl}
+    if args.result:  # a child: one side, inputs already built by the parent
+        model_dir, data_dir = prepare_inputs(args.work_dir, args.seed)
+        summary = run_side[args.side](args, model_dir, data_dir)
+        with open(args.result, "w") as f:
+            json.dump(summary, f)
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="grpo_step_") as work_dir:
+        args.work_dir = work_dir
+        prepare_inputs(work_dir, args.seed)
+        sides = SIDES if args.side == "both" else (args.side,)
+        results = {side: run_side_in_child(side, args, strip_side_flags(argv)) for side in sides}
+    print_report(args, results)
+    if args.out:
+        report = {"date": time.strftime("%Y-%m-%d"), "cpu_cores": os.cpu_count(),
+                  "settings": {k: v for k, v in vars(args).items() if k not in ("work_dir", "result", "out")},
+                  "results": results}
+        if len(results) == 2:
+            report["ratio_trl_over_quiver_median"] = speed_ratio(results, "median_s")
+            report["ratio_trl_over_quiver_mean"] = speed_ratio(results, "s_per_step")
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
