@@ -27,7 +27,7 @@ def trained(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path_factory):
     before = trainer.actor_rollout_wg.weight_fingerprint()
     history = trainer.fit()
     after = trainer.actor_rollout_wg.weight_fingerprint()
-    batch = trainer._step(next(iter(trainer.train_dataloader)), {}, {})
+    batch = trainer._step(trainer._prompt_batches(), {}, {})
     # The weights after that step, as the actor sees them and as a checkpoint merged to HF holds them.
     actor_log_probs = trainer.actor_rollout_wg.compute_log_prob(batch).batch["old_log_probs"]
     checkpoint = trainer._save_checkpoint()

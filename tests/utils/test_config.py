@@ -97,3 +97,46 @@ def test_main_exits_2_with_message_before_anything_starts(capsys):
 def test_string_accepted_for_a_one_item_list():
     cfg = load_config(overrides=["trainer.logger=console"])
     assert cfg.trainer.logger == "console"
+
+
+@pytest.mark.parametrize("overrides, mode", [
+    ([], "vanilla"),
+    (["actor_rollout_ref.actor.use_archer_policy_loss=true"], "aspo"),
+    (["actor_rollout_ref.actor.use_token_entropy_separate=true"], "archer"),
+    (["actor_rollout_ref.actor.enable_entropy_balanced_clipping=true"], "aepo"),
+    # Archer2.0's scripts (fixed): ASPO loss, KL split by entropy.
+    (["actor_rollout_ref.actor.use_archer_policy_loss=true", "actor_rollout_ref.actor.use_token_entropy_separate=true"],
+     "aspo"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=aepo", "actor_rollout_ref.actor.enable_entropy_balanced_clipping=true"],
+     "aepo"),
+])
+def test_seed_switches_select_the_loss_mode(overrides, mode):
+    cfg = load_config(overrides=overrides)
+    validate_ppo_config(cfg)
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == mode
+
+
+def test_loss_mode_archer_turns_on_the_entropy_split_kl():
+    cfg = load_config(overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=archer"])
+    validate_ppo_config(cfg)
+    assert cfg.actor_rollout_ref.actor.use_token_entropy_separate is True
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=aepo", "actor_rollout_ref.actor.use_archer_policy_loss=true"],
+     r"use_archer_policy_loss=true selects loss_mode aspo, but .*loss_mode=aepo"),
+    (["actor_rollout_ref.actor.use_dynamic_clip=true"], r"use_dynamic_clip=true has no effect"),
+    (["actor_rollout_ref.actor.token_entropy_quantile=1.0"], r"token_entropy_quantile=1.0 must be in \(0, 1\)"),
+    (["actor_rollout_ref.actor.negative_clip_ratio_c=1.0"], r"negative_clip_ratio_c=1.0 must be > 1"),
+    (["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=4"],
+     r"overlong_buffer.enable=true needs reward_model.reward_manager=dapo"),
+    (["reward_model.overlong_buffer.enable=true", "reward_model.reward_manager=dapo"],
+     r"overlong_buffer.len=0 must be in \(0, data.max_response_length=48\)"),
+    (["algorithm.filter_groups.enable=true", "trainer.rejection_sample=true"],
+     r"set only one of algorithm.filter_groups.enable"),
+    (["data.gen_batch_size=48"], r"data.gen_batch_size=48 differs from data.train_batch_size=16"),
+])
+def test_seed_option_errors_name_the_keys(overrides, fragment):
+    cfg = load_config(overrides=overrides)
+    with pytest.raises(ConfigError, match=fragment):
+        validate_ppo_config(cfg)

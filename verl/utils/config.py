@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "trainer" / "config")
 
@@ -198,6 +198,66 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+def resolve_policy_loss(actor: DictConfig, problems: list[str]) -> None:
+    """Turn the seed projects' switches into `policy_loss.loss_mode` (in place), so one key decides the loss.
+
+    use_archer_policy_loss -> aspo (Archer2.0), use_token_entropy_separate -> archer (Archer),
+    enable_entropy_balanced_clipping -> aepo (AEPO), in that order, when loss_mode is still vanilla. A switch that
+    contradicts an explicit loss_mode is an error. loss_mode=archer turns use_token_entropy_separate on, which
+    also splits the KL loss by token entropy.
+    """
+    prefix = "actor_rollout_ref.actor"
+    chosen = actor.policy_loss.loss_mode
+    switches = [("use_archer_policy_loss", "aspo"), ("use_token_entropy_separate", "archer"),
+                ("enable_entropy_balanced_clipping", "aepo")]
+    for key, mode in switches:
+        if not actor.get(key):
+            continue
+        if chosen == "vanilla":
+            chosen = mode
+        # use_token_entropy_separate beside aspo/aepo only splits the KL loss (Archer2.0 scripts need it so).
+        elif chosen != mode and key != "use_token_entropy_separate":
+            problems.append(f"{prefix}.{key}=true selects loss_mode {mode}, but {prefix}.policy_loss.loss_mode="
+                            f"{actor.policy_loss.loss_mode}; set only one of them")
+    with open_dict(actor):
+        actor.policy_loss.loss_mode = chosen
+        if chosen == "archer":
+            actor.use_token_entropy_separate = True
+    need(not actor.get("use_dynamic_clip"), f"{prefix}.use_dynamic_clip=true has no effect in Archer2.0 either "
+         "and is not implemented; remove it", problems)
+    need(0.0 < actor.token_entropy_quantile < 1.0,
+         f"{prefix}.token_entropy_quantile={actor.token_entropy_quantile} must be in (0, 1)", problems)
+    for key in ("negative_clip_ratio_c", "positive_clip_ratio_c"):
+        need(actor[key] > 1.0, f"{prefix}.{key}={actor[key]} must be > 1", problems)
+
+
+def check_dapo_options(cfg: DictConfig, problems: list[str]) -> None:
+    """The group filters and overlong shaping of DAPO and Archer."""
+    overlong = cfg.reward_model.overlong_buffer
+    if overlong.enable:
+        need(cfg.reward_model.reward_manager in ("dapo", "wizard"),
+             f"reward_model.overlong_buffer.enable=true needs reward_model.reward_manager=dapo (got "
+             f"{cfg.reward_model.reward_manager!r}, which has no overlong penalty)", problems)
+        need(0 < overlong.len < cfg.data.max_response_length,
+             f"reward_model.overlong_buffer.len={overlong.len} must be in (0, data.max_response_length="
+             f"{cfg.data.max_response_length})", problems)
+    groups = cfg.algorithm.filter_groups
+    need(not (groups.enable and cfg.trainer.rejection_sample),
+         "set only one of algorithm.filter_groups.enable (DAPO: refill the batch) and trainer.rejection_sample "
+         "(Archer: let it shrink)", problems)
+    need(groups.max_num_gen_batches >= 0,
+         f"algorithm.filter_groups.max_num_gen_batches={groups.max_num_gen_batches} must be >= 0", problems)
+    if groups.enable and groups.metric == "seq_final_reward":
+        need(not cfg.algorithm.use_kl_in_reward, "algorithm.filter_groups.metric=seq_final_reward with "
+             "algorithm.use_kl_in_reward is not supported (the filter runs before the reference model)", problems)
+    gen_bsz = cfg.data.gen_batch_size
+    if gen_bsz is not None:
+        need(isinstance(gen_bsz, int) and gen_bsz >= 1, f"data.gen_batch_size={gen_bsz} must be >= 1", problems)
+        need(groups.enable or gen_bsz == cfg.data.train_batch_size,
+             f"data.gen_batch_size={gen_bsz} differs from data.train_batch_size={cfg.data.train_batch_size}, which "
+             "only algorithm.filter_groups.enable=true uses", problems)
+
+
 def validate_ppo_config(cfg: DictConfig) -> None:
     """Check the rules that make a PPO/GRPO run possible; raise one ConfigError listing every broken rule."""
     from verl.trainer.ppo import core_algos
@@ -270,6 +330,9 @@ def validate_ppo_config(cfg: DictConfig) -> None:
                         "val_kwargs.do_sample=true (greedy samples would all be equal)")
     need(data.val_batch_size is None or data.val_batch_size >= 1,
           f"data.val_batch_size={data.val_batch_size} must be >= 1 (or null)", problems)
+
+    resolve_policy_loss(actor, problems)
+    check_dapo_options(cfg, problems)
 
     # Algorithms are looked up in the registries, so a later algorithm only needs to register itself.
     for key, registry, label in (

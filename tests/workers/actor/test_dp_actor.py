@@ -117,3 +117,66 @@ def test_non_finite_gradient_skips_the_step():
     assert math.isnan(metrics["actor/grad_norm"][0])
     for p_before, p_after in zip(model.parameters(), updated.parameters()):
         assert torch.equal(p_before, p_after)
+
+
+def _spy_on_loss(monkeypatch):
+    """Register a vanilla-PPO loss that records what the actor passes it; returns the list of recorded calls."""
+    from verl.trainer.ppo import core_algos
+
+    calls = []
+
+    def spy(**kwargs):
+        calls.append({k: v for k, v in kwargs.items() if k in ("advantages", "entropy", "response_mask")})
+        return core_algos.compute_policy_loss_vanilla(**kwargs)
+
+    monkeypatch.setitem(core_algos.POLICY_LOSS_REGISTRY, "spy", spy)
+    return calls
+
+
+def test_entropy_aware_advantage_reaches_the_loss_with_entropy_coeff_zero(monkeypatch):
+    from verl.trainer.ppo.policy_losses import entropy_aware_advantage
+
+    model = _model()
+    data = _batch(model)
+    calls = _spy_on_loss(monkeypatch)
+    _update(model, data, policy_loss={"loss_mode": "spy"}, enable_entropy_balanced_advantage=True,
+            entropy_advantage_alpha=0.3)
+    (call,) = calls
+    # AEPO's released code skipped this when entropy_coeff=0; here the entropy is computed because the advantage needs it.
+    assert call["entropy"] is not None and not call["entropy"].requires_grad
+    expected = entropy_aware_advantage(data.batch["advantages"], call["entropy"], call["response_mask"], alpha=0.3)
+    torch.testing.assert_close(call["advantages"], expected)
+    assert not torch.equal(call["advantages"], data.batch["advantages"])
+
+    calls.clear()
+    _update(model, data, policy_loss={"loss_mode": "spy"})
+    assert calls[0]["entropy"] is None and torch.equal(calls[0]["advantages"], data.batch["advantages"])
+
+
+def test_split_kl_loss_weighs_only_low_entropy_tokens():
+    from verl.trainer.ppo.core_algos import kl_penalty
+    from verl.trainer.ppo.policy_losses import split_by_token_entropy
+    from verl.utils.torch_functional import entropy_from_logits
+
+    model = _model()
+    data = _batch(model)
+    data.batch["advantages"] = torch.zeros_like(data.batch["advantages"])  # only the KL term moves the weights
+    coef = 0.5
+    updated, metrics = _update(model, data, use_kl_loss=True, kl_loss_coef=coef, use_token_entropy_separate=True,
+                               token_entropy_quantile=0.5, high_entropy_kl_loss_scale_coef=0.0)
+    assert metrics["actor/high_entropy_kl_loss_scale_coef"] == [0.0]
+    assert metrics["actor/kl_loss"][0] == pytest.approx(
+        metrics["actor/low_entropy_kl_loss"][0] + metrics["actor/high_entropy_kl_loss"][0])
+
+    # By hand: coef * mean of the k3 KL over the low-entropy tokens; one SGD step of lr 1.
+    manual = copy.deepcopy(model).train()
+    batch = data.batch
+    logits = manual(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    position_ids=batch["position_ids"]).logits[:, PROMPT - 1 : -1].float() / 0.7
+    log_prob = logprobs_from_logits(logits, batch["responses"])
+    _, low = split_by_token_entropy(entropy_from_logits(logits).detach(), batch["response_mask"], 0.5)
+    kld = kl_penalty(log_prob, batch["ref_log_prob"], "low_var_kl")
+    (coef * kld[low].mean()).backward()
+    with torch.no_grad():
+        for (name, p_manual), (_, p_actor) in zip(manual.named_parameters(), updated.named_parameters()):
+            torch.testing.assert_close(p_actor, p_manual - p_manual.grad, atol=1e-5, rtol=1e-4, msg=name)

@@ -314,3 +314,7 @@ def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLCont
             init_kl_coef=kl_coef, target_kl=_cfg_get(kl_ctrl_config, "target_kl", 0.1), horizon=horizon
         )
     raise ValueError(f"algorithm.kl_ctrl.type={kind!r} is not one of ['fixed', 'adaptive']")
+
+
+# The seed projects' losses live one per module in policy_losses/; importing the package registers them.
+from verl.trainer.ppo import policy_losses  # noqa: E402, F401

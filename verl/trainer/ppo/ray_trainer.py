@@ -21,6 +21,7 @@ from tqdm import tqdm
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.filters import filter_groups, overlong_filter, truncate_to_multiple
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward
 from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, find_latest_ckpt_path, remove_old_checkpoints
@@ -91,17 +92,21 @@ class RayPPOTrainer:
             self.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
         self._create_dataloader(train_dataset, val_dataset, collate_fn)
         self.global_steps = 0
+        self.epoch = 0
 
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn):
         cfg = self.config
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         sampler = create_rl_sampler(cfg.data, train_dataset)
-        self.train_dataloader = create_dataloader(train_dataset, batch_size=cfg.data.train_batch_size,
+        # One dataloader batch is one generation batch; DAPO's group filter may use several per step.
+        gen_key = "data.gen_batch_size" if cfg.data.get("gen_batch_size") else "data.train_batch_size"
+        gen_batch_size = OmegaConf.select(cfg, gen_key)
+        self.train_dataloader = create_dataloader(train_dataset, batch_size=gen_batch_size,
                                                   sampler=sampler, num_workers=cfg.data.dataloader_num_workers,
                                                   drop_last=True, collate_fn=collate_fn)
         if len(self.train_dataloader) == 0:
-            raise ValueError(f"the training set has {len(train_dataset)} prompts, fewer than data.train_batch_size="
-                             f"{cfg.data.train_batch_size}: lower the batch size or add data")
+            raise ValueError(f"the training set has {len(train_dataset)} prompts, fewer than {gen_key}="
+                             f"{gen_batch_size}: lower the batch size or add data")
         self.val_dataloader = None
         if val_dataset is not None:
             val_bsz = cfg.data.val_batch_size or len(val_dataset)
@@ -187,9 +192,12 @@ class RayPPOTrainer:
         return {f"val-core/{source}/reward/mean@{val_n}": float(np.mean(values))
                 for source, values in by_source.items()}
 
-    def _step(self, batch_dict: dict, metrics: dict, timing: dict) -> DataProto:
-        cfg = self.config
-        n = cfg.actor_rollout_ref.rollout.n
+    def _rollout_and_score(self, batch_dict: dict, gen_metrics: dict, timing: dict) -> tuple[DataProto, list[str]]:
+        """Generate rollout.n responses per prompt of one generation batch and score them.
+
+        Returns the batch and the names of the reward manager's extra per-row columns.
+        """
+        n = self.config.actor_rollout_ref.rollout.n
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_batch = batch.pop(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
@@ -197,10 +205,9 @@ class RayPPOTrainer:
 
         with _timer("gen", timing):
             output = self._generate(gen_batch.repeat(n, interleave=True))
-        metrics.update(reduce_metrics(output.meta_info.pop("metrics", {})))
+        for key, values in output.meta_info.pop("metrics", {}).items():
+            gen_metrics[key].extend(values)
         batch = batch.repeat(n, interleave=True).union(output)
-        if cfg.trainer.balance_batch:
-            self._balance_batch(batch, metrics)
 
         with _timer("reward", timing):
             reward_tensor, reward_extra_info = compute_reward(batch, self.reward_fn)
@@ -209,7 +216,76 @@ class RayPPOTrainer:
                 column = np.empty(len(values), dtype=object)
                 column[:] = values
                 batch.non_tensor_batch[key] = column
-        self._dump(cfg.trainer.rollout_data_dir, batch, reward_tensor.sum(-1).tolist(), reward_extra_info)
+        return batch, list(reward_extra_info)
+
+    def _collect_batch(self, prompt_batches, metrics: dict, timing: dict) -> DataProto | None:
+        """Rollouts for one step, after the optional group and overlong filters; None when the data ran out.
+
+        Archer's trainer.rejection_sample drops groups without reward signal and trains on what is left. DAPO's
+        algorithm.filter_groups drops them too but generates further batches until data.train_batch_size groups are
+        kept, then trims the surplus. Either way the batch is cut to a multiple of the number of ranks.
+        """
+        cfg = self.config
+        n, want = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
+        refill = cfg.algorithm.filter_groups
+        filter_metric = refill.metric if refill.enable else "seq_reward"
+        gen_metrics, counts, generated = defaultdict(list), defaultdict(int), []
+        batch, n_gen = None, 0
+        while True:
+            batch_dict = next(prompt_batches, None)
+            if batch_dict is None:
+                if batch is not None:
+                    print(f"[filter_groups] the data ran out at {len(batch) // n} of {want} groups; training on them")
+                break
+            new, extra_keys = self._rollout_and_score(batch_dict, gen_metrics, timing)
+            n_gen += 1
+            generated.append(new)
+            if refill.enable or cfg.trainer.rejection_sample:
+                new, stats = filter_groups(new, filter_metric)
+                for key in ("kept_groups", "dropped_groups", "solve_all", "solve_none"):
+                    counts[key] += stats[key]
+            batch = new if batch is None else DataProto.concat([batch, new])
+            if not refill.enable or len(batch) >= want * n:
+                break
+            if 0 < refill.max_num_gen_batches <= n_gen:
+                raise RuntimeError(
+                    f"only {len(batch) // n} of data.train_batch_size={want} groups had a reward signal after "
+                    f"{n_gen} generation batches (algorithm.filter_groups.max_num_gen_batches={n_gen}): the prompts "
+                    "are too easy or too hard for the model; raise max_num_gen_batches (0 = no limit) or data.gen_batch_size")
+            print(f"[filter_groups] {len(batch) // n}/{want} groups with a reward signal after {n_gen} generation "
+                  "batches; generating another")
+        if batch is None:
+            return None
+        if refill.enable:
+            batch = batch[: want * n]
+        if cfg.trainer.rejection_sample or refill.enable:
+            metrics.update({f"batch/{key}": value for key, value in counts.items()})
+            metrics["batch/num_gen_batches"] = n_gen
+            metrics["batch/groups_regenerated"] = (n_gen - 1) * len(generated[0]) // n
+        metrics.update(reduce_metrics(gen_metrics))
+        if cfg.trainer.rollout_data_dir:
+            all_generated = DataProto.concat(generated) if len(generated) > 1 else generated[0]
+            extra = {key: all_generated.non_tensor_batch[key].tolist() for key in extra_keys}
+            self._dump(cfg.trainer.rollout_data_dir, all_generated,
+                       all_generated.batch["token_level_scores"].sum(-1).tolist(), extra)
+        if cfg.trainer.enable_overlong_filter:
+            batch, stats = overlong_filter(batch, cfg.data.max_response_length)
+            metrics["batch/overlong_dropped"] = stats["num_overlong"]
+        batch, dropped = truncate_to_multiple(batch, self.n_ranks)
+        metrics["batch/valid"] = len(batch)
+        if dropped:
+            metrics["batch/dropped_for_ranks"] = dropped
+        return batch
+
+    def _step(self, prompt_batches, metrics: dict, timing: dict) -> DataProto | None:
+        """One RL step on the next prompts; None when there is nothing to train on (data exhausted or all filtered)."""
+        cfg = self.config
+        n = cfg.actor_rollout_ref.rollout.n
+        batch = self._collect_batch(prompt_batches, metrics, timing)
+        if batch is None or len(batch) == 0:
+            return batch
+        if cfg.trainer.balance_batch:
+            self._balance_batch(batch, metrics)
 
         with _timer("old_log_prob", timing):
             batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
@@ -245,7 +321,8 @@ class RayPPOTrainer:
         root = self.checkpoint_root
         with atomic_step_dir(root, self.global_steps) as tmp:
             self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"), global_step=self.global_steps)
-            driver_state = {"global_steps": self.global_steps, "dataloader": self.train_dataloader.state_dict()}
+            driver_state = {"global_steps": self.global_steps, "epoch": self.epoch,
+                            "dataloader": self.train_dataloader.state_dict()}
             if self.config.algorithm.use_kl_in_reward:
                 driver_state["kl_ctrl_value"] = self.kl_ctrl_in_reward.value
             torch.save(driver_state, os.path.join(tmp, "data.pt"))
@@ -273,6 +350,8 @@ class RayPPOTrainer:
         self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
         driver_state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
         self.global_steps = driver_state["global_steps"]
+        # A resumed dataloader continues the epoch it was saved in (a finished epoch yields no batch first).
+        self.epoch = driver_state.get("epoch", max(0, (self.global_steps - 1) // len(self.train_dataloader)))
         self.train_dataloader.load_state_dict(driver_state["dataloader"])
         if "kl_ctrl_value" in driver_state and self.config.algorithm.use_kl_in_reward:
             self.kl_ctrl_in_reward.value = driver_state["kl_ctrl_value"]
@@ -304,31 +383,38 @@ class RayPPOTrainer:
                 return val_metrics
 
         progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training steps")
-        self.global_steps += 1
+        prompt_batches = self._prompt_batches()
         history = []
-        # A resumed dataloader continues the epoch it was saved in (a finished epoch yields no batch first).
-        first_epoch = max(0, (self.global_steps - 2) // len(self.train_dataloader))
-        for epoch in range(first_epoch, cfg.trainer.total_epochs):
-            for batch_dict in self.train_dataloader:
-                metrics, timing = {"training/global_step": self.global_steps, "training/epoch": epoch}, {}
-                with _timer("step", timing):
-                    batch = self._step(batch_dict, metrics, timing)
-                last_step = self.global_steps >= self.total_training_steps
-                if do_validate and cfg.trainer.test_freq > 0 and (
-                        last_step or self.global_steps % cfg.trainer.test_freq == 0):
-                    with _timer("testing", timing):
-                        metrics.update(self._validate())
+        while self.global_steps < self.total_training_steps:
+            self.global_steps += 1
+            metrics, timing = {"training/global_step": self.global_steps, "training/epoch": self.epoch}, {}
+            with _timer("step", timing):
+                batch = self._step(prompt_batches, metrics, timing)
+            if batch is None:
+                print(f"[trainer] trainer.total_epochs={cfg.trainer.total_epochs} of data used up at step "
+                      f"{self.global_steps - 1}")
+                self.global_steps -= 1
+                break
+            last_step = self.global_steps >= self.total_training_steps
+            if do_validate and cfg.trainer.test_freq > 0 and (last_step or self.global_steps % cfg.trainer.test_freq == 0):
+                with _timer("testing", timing):
+                    metrics.update(self._validate())
+            if len(batch):
                 metrics.update(compute_data_metrics(batch))
                 metrics.update(compute_timing_metrics(timing, batch, self.n_ranks))
-                logger.log(metrics, step=self.global_steps)
-                history.append(metrics)
-                # Saved after logging, so a resumed run never lacks the metrics of a step it will not redo.
-                if cfg.trainer.save_freq > 0 and (last_step or self.global_steps % cfg.trainer.save_freq == 0):
-                    self._save_checkpoint()
-                progress.update(1)
-                if last_step:
-                    progress.close()
-                    return history
-                self.global_steps += 1
+            else:
+                print(f"[trainer] step {self.global_steps}: every group was filtered out; no update")
+            logger.log(metrics, step=self.global_steps)
+            history.append(metrics)
+            # Saved after logging, so a resumed run never lacks the metrics of a step it will not redo.
+            if cfg.trainer.save_freq > 0 and (last_step or self.global_steps % cfg.trainer.save_freq == 0):
+                self._save_checkpoint()
+            progress.update(1)
         progress.close()
         return history
+
+    def _prompt_batches(self):
+        """Dataloader batches across epochs, from where a resumed dataloader left off; keeps self.epoch current."""
+        while self.epoch < self.config.trainer.total_epochs:
+            yield from self.train_dataloader
+            self.epoch += 1

@@ -49,12 +49,16 @@ def get_custom_reward_fn(config: Any) -> Callable | None:
 def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **kwargs: Any) -> Any:
     """Instantiate `reward_model.reward_manager` (default "naive") with the custom or default compute_score.
 
-    Keyword arguments and `reward_model.reward_kwargs` (which wins on a clash) go to the manager constructor.
+    Keyword arguments and `reward_model.reward_kwargs` (which wins on a clash) go to the manager constructor, after
+    `max_resp_len` (data.max_response_length) and `overlong_buffer_cfg` (reward_model.overlong_buffer), which the
+    dapo manager uses and the others ignore.
     """
     reward_model = _section(config, "reward_model")
     manager_cls = get_reward_manager_cls(reward_model.get("reward_manager") or "naive")
     compute_score = get_custom_reward_fn(config) or default_compute_score
-    manager_kwargs = {**kwargs, **dict(reward_model.get("reward_kwargs") or {})}
+    defaults = {"max_resp_len": _section(config, "data").get("max_response_length"),
+                "overlong_buffer_cfg": reward_model.get("overlong_buffer")}
+    manager_kwargs = {**defaults, **kwargs, **dict(reward_model.get("reward_kwargs") or {})}
     return manager_cls(
         tokenizer=tokenizer,
         num_examine=num_examine,

@@ -13,6 +13,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.policy_losses import entropy_aware_advantage, split_by_token_entropy, split_kl_loss
 from verl.utils.fsdp_utils import clip_grad_and_step
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
@@ -98,7 +99,12 @@ class DataParallelPPOActor:
         self.actor_module.train()
         temperature = data.meta_info["temperature"]
         policy_loss_fn = core_algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
-        needs_entropy = cfg.entropy_coeff != 0 or getattr(policy_loss_fn, "needs_entropy", False)
+        # Archer: the KL loss weighs low- and high-entropy tokens by different coefficients.
+        split_kl = cfg.use_kl_loss and cfg.get("use_token_entropy_separate", False)
+        entropy_adv = cfg.get("enable_entropy_balanced_advantage", False)
+        # The seed code skipped entropy when entropy_coeff=0, silently disabling what needs it (AEPO bug 2).
+        needs_entropy = (cfg.entropy_coeff != 0 or getattr(policy_loss_fn, "needs_entropy", False) or split_kl
+                         or entropy_adv)
         keys = FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
         if cfg.use_kl_loss:
             keys.append("ref_log_prob")
@@ -122,14 +128,19 @@ class DataParallelPPOActor:
                     else:
                         weight = micro_batch.batch_size[0] / mini_seqs
                     entropy, log_prob = self._forward_micro_batch(micro_batch, temperature, needs_entropy)
+                    token_entropy = entropy.detach() if entropy is not None else None
+                    advantages = micro_batch["advantages"]
+                    if entropy_adv:
+                        advantages = entropy_aware_advantage(advantages, token_entropy, mask,
+                                                             alpha=cfg.get("entropy_advantage_alpha", 0.2))
                     pg_loss, pg_metrics = policy_loss_fn(
                         old_log_prob=micro_batch["old_log_probs"],
                         log_prob=log_prob,
-                        advantages=micro_batch["advantages"],
+                        advantages=advantages,
                         response_mask=mask,
                         loss_agg_mode=cfg.loss_agg_mode,
                         config=cfg,
-                        entropy=entropy.detach() if entropy is not None else None,
+                        entropy=token_entropy,
                     )
                     loss = pg_loss
                     if cfg.entropy_coeff != 0:
@@ -138,9 +149,17 @@ class DataParallelPPOActor:
                         metrics["actor/entropy_loss"].append(entropy_loss.item())
                     if cfg.use_kl_loss:
                         kld = core_algos.kl_penalty(log_prob, micro_batch["ref_log_prob"], cfg.kl_loss_type)
-                        kl_loss = core_algos.agg_loss(kld, mask, cfg.loss_agg_mode)
-                        loss = loss + cfg.kl_loss_coef * kl_loss
-                        metrics["actor/kl_loss"].append(kl_loss.item())
+                        if split_kl:
+                            high, low = split_by_token_entropy(token_entropy, mask, cfg.token_entropy_quantile)
+                            kl_term, kl_metrics = split_kl_loss(kld, high, low, low_coef=cfg.kl_loss_coef,
+                                                                high_coef=cfg.high_entropy_kl_loss_scale_coef)
+                            loss = loss + kl_term
+                            for name, value in kl_metrics.items():
+                                metrics[name].append(float(value))
+                        else:
+                            kl_loss = core_algos.agg_loss(kld, mask, cfg.loss_agg_mode)
+                            loss = loss + cfg.kl_loss_coef * kl_loss
+                            metrics["actor/kl_loss"].append(kl_loss.item())
                         metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
                     (loss * weight).backward()
                     metrics["actor/pg_loss"].append(pg_loss.item())

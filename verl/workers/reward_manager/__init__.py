@@ -1,5 +1,6 @@
 """Reward managers turn a batch of rollouts into token-level scores by decoding responses and grading them."""
 
+from verl.workers.reward_manager.dapo import DAPORewardManager  # importing it registers "dapo" and "wizard"
 from verl.workers.reward_manager.naive import NaiveRewardManager  # importing it registers "naive"
 from verl.workers.reward_manager.registry import (
     REWARD_MANAGER_REGISTRY,
@@ -7,4 +8,4 @@ from verl.workers.reward_manager.registry import (
     register_reward_manager,
 )
 
-__all__ = ["REWARD_MANAGER_REGISTRY", "NaiveRewardManager", "get_reward_manager_cls", "register_reward_manager"]
+__all__ = ["REWARD_MANAGER_REGISTRY", "DAPORewardManager", "NaiveRewardManager", "get_reward_manager_cls", "register_reward_manager"]

@@ -13,6 +13,12 @@ from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager.registry import register_reward_manager
 
 
+def last_valid_position(response_mask: torch.Tensor) -> torch.Tensor:
+    """`(bs,)` index of the last 1 in each row of a `(bs, response_len)` mask; 0 for an empty row."""
+    positions = torch.arange(response_mask.shape[-1], device=response_mask.device)
+    return (response_mask.bool() * positions).max(dim=-1).values
+
+
 @register_reward_manager("naive")
 class NaiveRewardManager:
     """Decode every response, grade it with `compute_score`, put the score on the last valid response token.
@@ -53,6 +59,7 @@ class NaiveRewardManager:
         reward_extra_info: dict[str, list] = defaultdict(list)
         printed: dict[str, int] = defaultdict(int)
 
+        last = last_valid_position(response_mask)
         for i in range(len(data)):
             valid_ids = response_ids[i][response_mask[i]]
             response_str = self.tokenizer.decode(valid_ids.tolist(), skip_special_tokens=True)
@@ -74,10 +81,8 @@ class NaiveRewardManager:
             else:
                 score = result
 
-            # An empty response still needs its score counted by the advantage estimator, so use position 0.
-            valid_positions = response_mask[i].nonzero()
-            last = int(valid_positions[-1]) if len(valid_positions) else 0
-            reward_tensor[i, last] = float(score)
+            # An empty response still needs its score counted by the advantage estimator: position 0.
+            reward_tensor[i, last[i]] = float(score)
 
             if printed[data_source] < self.num_examine:
                 printed[data_source] += 1

@@ -1,0 +1,131 @@
+"""Batch filters applied after scoring: DAPO's dynamic sampling (drop groups without signal), the overlong
+filter, and trimming a batch to a multiple of the data-parallel world size.
+
+A group is the `rollout.n` responses to one prompt; its rows share `non_tensor_batch["uid"]`. Under GRPO a group
+whose responses all score the same gets advantage 0 everywhere, so it adds no gradient, only noise to the
+token-mean denominator. DAPO (Yu et al. 2025, arXiv 2503.14476, "dynamic sampling") drops such groups
+(`algorithm.filter_groups`); Archer does the same under `trainer.rejection_sample`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from verl.protocol import DataProto
+
+# Metric names computed from token-level tensors; any other name is looked up in `non_tensor_batch`.
+_TENSOR_METRICS = {
+    "seq_reward": "token_level_scores",
+    "seq_final_reward": "token_level_rewards",
+}
+
+
+def group_metric_values(batch: DataProto, metric: str) -> np.ndarray:
+    """`(bs,)` float64 per-response values of `algorithm.filter_groups.metric`.
+
+    - "seq_reward": `token_level_scores` summed over the response (the reward manager's output, so it includes the
+      overlong penalty);
+    - "seq_final_reward": `token_level_rewards` summed (after any in-reward KL penalty);
+    - any other name: that `non_tensor_batch` column, i.e. a `reward_extra_info` key such as "acc" or "score" (the
+      dapo manager's score before the overlong penalty).
+    """
+    if metric in _TENSOR_METRICS:
+        key = _TENSOR_METRICS[metric]
+        if batch.batch is None or key not in batch.batch.keys():
+            raise ValueError(
+                f"algorithm.filter_groups.metric={metric!r} needs batch[{key!r}], which this batch does not have"
+            )
+        return batch.batch[key].sum(dim=-1).double().cpu().numpy()
+    if metric not in batch.non_tensor_batch:
+        available = sorted(set(_TENSOR_METRICS) | set(batch.non_tensor_batch))
+        raise ValueError(f"algorithm.filter_groups.metric={metric!r} is unknown; available: {available}")
+    try:
+        return np.asarray(batch.non_tensor_batch[metric], dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"algorithm.filter_groups.metric={metric!r}: non_tensor_batch[{metric!r}] is not numeric"
+        ) from err
+
+
+def _group_ranges(uids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's group index `(bs,)`, and each group's min and max value `(num_groups,)`."""
+    if len(uids) != len(values):
+        raise ValueError(f"got {len(uids)} uids but {len(values)} values")
+    _, group = np.unique(uids, return_inverse=True)
+    group = group.reshape(-1)
+    num_groups = int(group.max()) + 1 if len(group) else 0
+    low = np.full(num_groups, np.inf)
+    high = np.full(num_groups, -np.inf)
+    np.minimum.at(low, group, values)
+    np.maximum.at(high, group, values)
+    return group, low, high
+
+
+def groups_with_signal(uids: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """`(bs,)` bool: True for rows whose uid group has at least two different values.
+
+    Values are compared exactly (max > min), so a group of one response, or one whose values are all equal,
+    is dropped. Unlike Archer's test for all-0 / all-1, a group whose responses all got the same overlong
+    penalty is dropped too (it has no signal either), and a group with any differing value is kept.
+    """
+    group, low, high = _group_ranges(uids, values)
+    return (high > low)[group]
+
+
+def filter_groups(batch: DataProto, metric: str) -> tuple[DataProto, dict[str, int]]:
+    """Keep the rows of groups with signal (`groups_with_signal` on `group_metric_values(batch, metric)`).
+
+    Rows keep their order. Stats: `num_groups`, `kept_groups`, `dropped_groups`, and among the dropped groups
+    `solve_all` (common value > 0) and `solve_none` (common value <= 0).
+    """
+    if "uid" not in batch.non_tensor_batch:
+        raise KeyError(
+            "Group filtering (algorithm.filter_groups.enable / trainer.rejection_sample) needs "
+            "non_tensor_batch['uid'], the prompt id the trainer gives each group"
+        )
+    values = group_metric_values(batch, metric)
+    group, low, high = _group_ranges(batch.non_tensor_batch["uid"], values)
+    kept_group = high > low
+    dropped_group = ~kept_group
+    stats = {
+        "num_groups": len(kept_group),
+        "kept_groups": int(kept_group.sum()),
+        "dropped_groups": int(dropped_group.sum()),
+        "solve_all": int((dropped_group & (low > 0)).sum()),
+        "solve_none": int((dropped_group & (high <= 0)).sum()),
+    }
+    return batch.select_idxs(kept_group[group]), stats
+
+
+def _response_lengths(batch: DataProto) -> np.ndarray:
+    """`(bs,)` number of response tokens: the response part of `attention_mask`, tool output included."""
+    response_len = batch.batch["responses"].shape[-1]
+    return batch.batch["attention_mask"][:, -response_len:].sum(dim=-1).cpu().numpy()
+
+
+def overlong_filter(batch: DataProto, max_response_length: int) -> tuple[DataProto, dict[str, int]]:
+    """Drop responses of `max_response_length` tokens or more (`trainer.enable_overlong_filter`).
+
+    Such responses were cut off by the length limit, so their score judges an unfinished answer.
+    Stats: `num_overlong`, the number of rows dropped.
+    """
+    if max_response_length <= 0:
+        raise ValueError(
+            f"trainer.enable_overlong_filter needs data.max_response_length > 0, got {max_response_length}"
+        )
+    overlong = _response_lengths(batch) >= max_response_length
+    return batch.select_idxs(~overlong), {"num_overlong": int(overlong.sum())}
+
+
+def truncate_to_multiple(batch: DataProto, divisor: int) -> tuple[DataProto, int]:
+    """The first `len(batch) - len(batch) % divisor` rows and the number of rows dropped.
+
+    After filtering, the batch must split evenly over the data-parallel ranks (`divisor` = world size).
+    """
+    if divisor <= 0:
+        raise ValueError(
+            f"divisor={divisor} must be positive: it is the data-parallel world size, "
+            "trainer.nnodes * trainer.n_gpus_per_node"
+        )
+    dropped = len(batch) % divisor
+    return batch.slice(0, len(batch) - dropped), dropped
