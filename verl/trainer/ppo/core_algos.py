@@ -165,6 +165,46 @@ def agg_loss(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def clip_config(config: Any) -> tuple[float, float, float]:
+    """(eps_low, eps_high, c) from clip_ratio (0.2), clip_ratio_low / clip_ratio_high (default clip_ratio) and
+    clip_ratio_c (3.0, must be > 1)."""
+    clip_ratio = _cfg_get(config, "clip_ratio", 0.2)
+    clip_ratio_c = _cfg_get(config, "clip_ratio_c", 3.0)
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"actor_rollout_ref.actor.clip_ratio_c={clip_ratio_c} must be > 1 for dual-clip PPO")
+    return _cfg_get(config, "clip_ratio_low", clip_ratio), _cfg_get(config, "clip_ratio_high", clip_ratio), clip_ratio_c
+
+
+def dual_clip_losses(
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    lower: torch.Tensor | float,
+    upper: torch.Tensor | float,
+    clip_ratio_c: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token dual-clip PPO loss, shared by vanilla, archer and aepo; bounds may differ per token and a tensor
+    `upper` may carry a gradient (AEPO).
+
+        l = max(-A r, -A min(max(r, lower), upper))
+        l = -A c                for A < 0 where l > -A c        (dual clip: constant value, zero gradient)
+
+    Args:
+        ratio, adv: `(batch, response_len)`; lower, upper: the same shape or floats.
+
+    Returns:
+        (losses, clipped, dual_clipped): the per-token loss, and bool masks of the tokens where the clipped term is
+        the larger one and of the A < 0 tokens capped at -A c.
+    """
+    clipped_ratio = torch.clamp(ratio, min=lower) if not torch.is_tensor(lower) else torch.maximum(ratio, lower)
+    clipped_ratio = torch.minimum(clipped_ratio, upper) if torch.is_tensor(upper) else clipped_ratio.clamp(max=upper)
+    loss_unclipped = -adv * ratio
+    loss_clipped = -adv * clipped_ratio
+    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
+    dual_clipped = (adv < 0) & (loss_ppo > -adv * clip_ratio_c)
+    losses = torch.where(dual_clipped, -adv * clip_ratio_c, loss_ppo)
+    return losses, loss_clipped > loss_unclipped, dual_clipped
+
+
 @register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
@@ -191,33 +231,22 @@ def compute_policy_loss_vanilla(
     Returns:
         (pg_loss, metrics) with metrics `actor/pg_clipfrac`, `actor/ppo_kl`, `actor/pg_clipfrac_lower` as floats.
     """
-    clip_ratio = _cfg_get(config, "clip_ratio", 0.2)
-    eps_low = _cfg_get(config, "clip_ratio_low", clip_ratio)
-    eps_high = _cfg_get(config, "clip_ratio_high", clip_ratio)
-    clip_ratio_c = _cfg_get(config, "clip_ratio_c", 3.0)
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"actor_rollout_ref.actor.clip_ratio_c={clip_ratio_c} must be > 1 for dual-clip PPO")
+    eps_low, eps_high, clip_ratio_c = clip_config(config)
 
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
 
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
-    loss_dual = torch.minimum(loss_ppo, -advantages * clip_ratio_c)
-    pg_losses = torch.where(advantages < 0, loss_dual, loss_ppo)
+    pg_losses, clipped, dual_clipped = dual_clip_losses(ratio, advantages, 1.0 - eps_low, 1.0 + eps_high, clip_ratio_c)
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
 
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor", None))
 
     with torch.no_grad():
-        clipped = (loss_clipped > loss_unclipped).float()
-        dual_clipped = ((loss_ppo > -advantages * clip_ratio_c) & (advantages < 0)).float()
         metrics = {
-            "actor/pg_clipfrac": masked_mean(clipped, response_mask).item(),
+            "actor/pg_clipfrac": masked_mean(clipped.float(), response_mask).item(),
             "actor/ppo_kl": masked_mean(old_log_prob - log_prob, response_mask).item(),
-            "actor/pg_clipfrac_lower": masked_mean(dual_clipped, response_mask).item(),
+            "actor/pg_clipfrac_lower": masked_mean(dual_clipped.float(), response_mask).item(),
         }
     return pg_loss, metrics
 

@@ -4,7 +4,6 @@
 - `archer`: Archer's dual-token clipping, plus its per-group KL loss `split_kl_loss` (archer.py).
 - `aepo`: AEPO's entropy-balanced clipping, plus `entropy_aware_advantage` (aepo.py).
 - `split_by_token_entropy`: the per-response high/low entropy token split the Archer losses use (entropy_split.py).
-- dual_clip.py: the dual-clip PPO core with per-token bounds that archer and aepo share.
 """
 
 from verl.trainer.ppo.policy_losses.aepo import compute_policy_loss_aepo, entropy_aware_advantage

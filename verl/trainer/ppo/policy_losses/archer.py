@@ -6,8 +6,7 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import _cfg_get, agg_loss, register_policy_loss
-from verl.trainer.ppo.policy_losses.dual_clip import clip_config, dual_clip_losses
+from verl.trainer.ppo.core_algos import _cfg_get, agg_loss, clip_config, dual_clip_losses, register_policy_loss
 from verl.trainer.ppo.policy_losses.entropy_split import entropy_groups
 from verl.utils.torch_functional import masked_mean
 
