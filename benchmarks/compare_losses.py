@@ -1,6 +1,6 @@
 """Which policy loss learns the demo task best: vanilla PPO-clip, ASPO, Archer dual-token and AEPO, same budget.
 
-    .venv/bin/python benchmarks/compare_losses.py                          # 3 seeds x 4 losses (about an hour on 2 cores)
+    .venv/bin/python benchmarks/compare_losses.py                          # 3 seeds x 4 losses (about 70 min on 2 cores)
     .venv/bin/python benchmarks/compare_losses.py --seeds 0 --rl-steps 5   # a quick look
 
 For each seed: one tiny model, the arithmetic task and one SFT warm start (as in scripts/quickstart.sh), shared by
@@ -45,13 +45,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="outputs/compare_losses", help="working directory (models, runs, results)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
-    parser.add_argument("--sft-steps", type=int, default=300)
-    parser.add_argument("--rl-steps", type=int, default=40)
-    parser.add_argument("--prompts", type=int, default=16, help="prompts per RL step")
+    parser.add_argument("--sft-steps", type=int, default=500)
+    parser.add_argument("--rl-steps", type=int, default=50)
+    parser.add_argument("--prompts", type=int, default=32, help="prompts per RL step")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per batch and epoch")
-    parser.add_argument("--epochs", type=int, default=2, help="ppo_epochs")
-    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--mini-batches", type=int, default=2, help="optimizer steps per batch and epoch")
+    parser.add_argument("--epochs", type=int, default=1, help="ppo_epochs")
+    parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--test-size", type=int, default=256)
     return parser.parse_args(argv)
 

@@ -146,3 +146,40 @@ def test_default_compute_score_gsm8k_sources(data_source):
 def test_default_compute_score_unknown_source():
     with pytest.raises(NotImplementedError, match=r"data_source='my/set'.*'arithmetic'.*custom_reward_function\.path"):
         default_compute_score("my/set", "#### 2", "2")
+
+
+@pytest.mark.parametrize(("answer", "truth", "expected"), [
+    ("\\frac{3}{4}", "0.75", True),
+    ("2\\pi", "2 \\cdot \\pi", True),
+    ("2x+1", "1+2x", True),
+    ("\\frac{\\frac{1}{2}}{3}", "\\frac{1}{6}", True),
+    ("\\dfrac{1}{3}", "0.333", False),
+    ("\\frac{1}{2}", "\\frac{1}{3}", False),
+])
+def test_math_sympy_fallback(answer, truth, expected):
+    assert math_score.sympy_equal(answer, truth) is expected
+
+
+@pytest.mark.parametrize("hostile", [
+    "__import__('os').system('touch /tmp/quiver_pwned')",  # parse_expr would eval this
+    "9^{9^{9^9}}",  # a power tower that would compute for ever
+    "1" * 40,
+    "ab+c",  # multi-letter names other than the known functions
+])
+def test_math_sympy_fallback_refuses_what_is_not_plain_arithmetic(hostile):
+    assert not math_score.is_safe_plain(math_score.latex_to_plain(hostile))
+    assert math_score.sympy_equal(hostile, "1") is False
+
+
+def test_math_time_limit_interrupts_in_the_main_thread():
+    import time
+
+    with pytest.raises(math_score.GradingTimeout):
+        with math_score.time_limit(0.2):
+            time.sleep(2)
+
+
+@pytest.mark.parametrize("source", ["aime2024", "aime2025", "math", "math500"])
+def test_math_sources_use_the_boxed_grader(source):
+    assert default_compute_score(source, "<think>\\boxed{3}</think> so \\boxed{\\frac{6}{8}}", "0.75") == 1.0
+    assert default_compute_score(source, "<think>\\boxed{0.75}</think> so \\boxed{3}", "0.75") == 0.0

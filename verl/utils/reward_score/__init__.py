@@ -20,6 +20,8 @@ DATA_SOURCE_TO_MODULE: dict[str, str] = {
     "HuggingFaceH4/MATH-500": "math",
     "math": "math",
     "math500": "math",
+    "aime2024": "math",
+    "aime2025": "math",
     "arithmetic": "arithmetic",
 }
 

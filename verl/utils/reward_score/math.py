@@ -1,19 +1,23 @@
 """MATH-style answers: the last \\boxed{...} (or \\fbox{...}) of the response, graded with math_verify.
 
 When the response contains "</think>", only the text after the last "</think>" is searched, so a boxed guess
-inside the reasoning does not count. Equivalence is decided by math_verify (symbolic: "\\frac{1}{2}" == "0.5");
-if it cannot decide, a normalized string comparison is the fallback.
+inside the reasoning does not count. Equivalence is decided by, in order: math_verify (symbolic: "\\frac{1}{2}" ==
+"0.5"), a normalized string comparison, and sympy on a plain-text rewrite of simple LaTeX ("\\frac{3}{4}" ->
+"(3)/(4)"). Each symbolic step has a time limit (`GRADE_TIMEOUT_S`): SIGALRM in the main thread; elsewhere the caller
+bounds the time (the batch reward manager grades in worker processes and gives up on a sample that takes too long).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 import threading
 
 from math_verify import parse, verify
 
 _BOXED_COMMANDS = ("\\boxed", "\\fbox")
-_MATH_VERIFY_TIMEOUT_S = 5
+GRADE_TIMEOUT_S = 5
 # Applied in order by normalize_answer: \left/\right, fraction variants, degrees, percent, dollars.
 _REPLACEMENTS = (
     ("\\left", ""),
@@ -70,19 +74,104 @@ def normalize_answer(answer: str) -> str:
     return answer
 
 
-def is_equiv(answer: str, ground_truth: str) -> bool:
-    """Symbolic equivalence via math_verify, else normalized string equality."""
-    # math_verify enforces its timeouts with SIGALRM, which only works in the main thread; elsewhere (reward threads,
-    # threaded Ray actors) it must run without a timeout.
-    timeout = _MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+class GradingTimeout(Exception):
+    """A symbolic check ran past its time limit."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise GradingTimeout after `seconds` of wall time; only in the main thread (SIGALRM), a no-op elsewhere."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise GradingTimeout(f"grading took more than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        gold = parse(f"\\boxed{{{ground_truth}}}", parsing_timeout=timeout)
-        pred = parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout)
-        if gold and pred and verify(gold, pred, timeout_seconds=timeout):
-            return True
-    except Exception:  # math_verify failures only mean "undecided"; the string check below still applies
-        pass
-    return normalize_answer(answer) == normalize_answer(ground_truth)
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def math_verify_equal(answer: str, ground_truth: str) -> bool:
+    """math_verify's symbolic equivalence; False when it cannot decide or fails."""
+    # math_verify's own timeouts use SIGALRM too; ours (time_limit) is the one in force.
+    try:
+        with time_limit(GRADE_TIMEOUT_S):
+            gold = parse(f"\\boxed{{{ground_truth}}}", parsing_timeout=None)
+            pred = parse(f"\\boxed{{{answer}}}", parsing_timeout=None)
+            return bool(gold and pred and verify(gold, pred, timeout_seconds=None))
+    except Exception:  # failures and timeouts only mean "undecided"
+        return False
+
+
+# Simple LaTeX -> sympy syntax, applied in order by latex_to_plain.
+_LATEX_TO_PLAIN = (
+    (r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}", r"((\1)/(\2))"),
+    (r"\\sqrt\{([^{}]*)\}", r"sqrt(\1)"),
+    (r"\\cdot|\\times", "*"),
+    (r"\\pi", "pi"),
+    (r"\^", "**"),
+    (r"[{}]", ""),
+)
+
+
+def latex_to_plain(answer: str) -> str:
+    """A plain-text form of simple LaTeX that sympy can read: fractions, square roots, products, powers, pi."""
+    text = normalize_answer(answer)
+    for _ in range(3):  # nested fractions and roots unwrap from the inside out
+        for pattern, replacement in _LATEX_TO_PLAIN[:2]:
+            text = re.sub(pattern, replacement, text)
+    for pattern, replacement in _LATEX_TO_PLAIN[2:]:
+        text = re.sub(pattern, replacement, text)
+    return text
+
+
+# parse_expr evaluates its input as Python, so only plain arithmetic reaches it: these characters, one-letter
+# variables or these names, short and without nested powers (9**9**9 would run for ever in C, past any alarm).
+_PLAIN_CHARS = re.compile(r"[0-9A-Za-z+\-*/().,\s]*")
+_PLAIN_NAMES = {"sqrt", "pi", "sin", "cos", "tan", "log", "ln", "exp"}
+_PLAIN_MAX_LEN = 100
+
+
+def is_safe_plain(text: str) -> bool:
+    """Whether `text` is plain arithmetic that is safe and quick to hand to sympy's parser."""
+    if len(text) > _PLAIN_MAX_LEN or not _PLAIN_CHARS.fullmatch(text) or text.count("**") > 1:
+        return False
+    if any(len(digits) > 30 for digits in re.findall(r"\d+", text)):
+        return False
+    return all(len(name) == 1 or name in _PLAIN_NAMES for name in re.findall(r"[A-Za-z]+", text))
+
+
+def sympy_equal(answer: str, ground_truth: str) -> bool:
+    """sympy decides a - b == 0 on the plain-text forms; False when either is not plain arithmetic (see
+    is_safe_plain), does not parse or takes too long."""
+    import sympy
+    from sympy.parsing.sympy_parser import implicit_multiplication_application, parse_expr, standard_transformations
+
+    transformations = (*standard_transformations, implicit_multiplication_application)  # "2pi" -> 2*pi
+    plain = [latex_to_plain(x) for x in (answer, ground_truth)]
+    if not all(is_safe_plain(x) for x in plain):
+        return False
+    try:
+        with time_limit(GRADE_TIMEOUT_S):
+            a, b = (parse_expr(x, transformations=transformations) for x in plain)
+            return sympy.simplify(sympy.nsimplify(a - b, rational=True)) == 0
+    except Exception:  # unparseable, non-numeric or too slow: undecided
+        return False
+
+
+def is_equiv(answer: str, ground_truth: str) -> bool:
+    """math_verify, then normalized string equality, then sympy on the plain-text forms."""
+    if math_verify_equal(answer, ground_truth):
+        return True
+    if normalize_answer(answer) == normalize_answer(ground_truth):
+        return True
+    return sympy_equal(answer, ground_truth)
 
 
 def compute_score(solution_str: str, ground_truth: str) -> float:
