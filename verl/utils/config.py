@@ -235,9 +235,6 @@ def check_dapo_options(cfg: DictConfig, problems: list[str]) -> None:
     """The group filters and overlong shaping of DAPO and Archer."""
     overlong = cfg.reward_model.overlong_buffer
     if overlong.enable:
-        need(cfg.reward_model.reward_manager in ("dapo", "wizard"),
-             f"reward_model.overlong_buffer.enable=true needs reward_model.reward_manager=dapo (got "
-             f"{cfg.reward_model.reward_manager!r}, which has no overlong penalty)", problems)
         need(0 < overlong.len < cfg.data.max_response_length,
              f"reward_model.overlong_buffer.len={overlong.len} must be in (0, data.max_response_length="
              f"{cfg.data.max_response_length})", problems)

@@ -11,7 +11,8 @@ from test_naive import CharTokenizer, make_batch
 
 from verl.trainer.ppo.reward import load_reward_manager
 from verl.workers.reward_manager import NaiveRewardManager, get_reward_manager_cls
-from verl.workers.reward_manager.dapo import DAPORewardManager, overlong_penalty
+from verl.workers.reward_manager.dapo import DAPORewardManager
+from verl.workers.reward_manager.naive import overlong_penalty
 
 MAX_LEN, BUFFER = 10, 4  # the penalty ramps from 0 at 6 tokens to -factor at 10
 

@@ -98,7 +98,8 @@ def test_dict_scores_and_return_dict():
 
     data = make_batch(["p", "q"], ["ok", "bad"], ["s", "s"], ["", ""])
     out = NaiveRewardManager(CharTokenizer(), 0, compute_score=compute_score)(data, return_dict=True)
-    assert set(out) == {"reward_tensor", "reward_extra_info"}
+    assert set(out) == {"reward_tensor", "reward_extra_info", "reward_metrics"}
+    assert out["reward_metrics"]["reward/s/mean"] == 2.5
     assert out["reward_tensor"][0, 1] == 2.0 and out["reward_tensor"][1, 2] == 3.0
     assert out["reward_extra_info"] == {"acc": [True, False], "pred": ["ok", "bad"]}
 
@@ -139,3 +140,28 @@ def test_register_custom_manager(monkeypatch):
     assert get_reward_manager_cls("mine") is Mine
     with pytest.raises(ValueError, match="already registered"):
         register_reward_manager("mine")(NaiveRewardManager)
+
+
+def test_rows_without_an_extra_key_get_none_and_statuses_become_metrics():
+    def compute_score(solution_str, data_source, **kwargs):
+        if solution_str == "plain":
+            return 1.0
+        return {"score": 0.0, "reward_status": solution_str, "why": "because"}
+
+    data = make_batch(["a", "b", "c", "d"], ["plain", "no_code", "timeout", "no_code"], ["x", "x", "y", "y"],
+                      ["", "", "", ""])
+    out = NaiveRewardManager(CharTokenizer(), 0, compute_score=compute_score)(data, return_dict=True)
+    assert out["reward_extra_info"] == {"reward_status": [None, "no_code", "timeout", "no_code"],
+                                        "why": [None, "because", "because", "because"]}
+    metrics = out["reward_metrics"]
+    assert metrics["reward/status/no_code"] == 0.5 and metrics["reward/status/timeout"] == 0.25
+    assert metrics["reward/x/mean"] == 0.5 and metrics["reward/y/mean"] == 0.0
+    assert metrics["reward/grading_seconds_per_sample"] >= 0
+
+
+def test_overlong_penalty_composes_with_the_naive_manager():
+    data = make_batch(["p", "q"], ["x" * 4, "x" * 10], ["s", "s"], ["", ""], response_len=10)
+    manager = NaiveRewardManager(CharTokenizer(), 0, compute_score=lambda **kw: 1.0, max_resp_len=10,
+                                 overlong_buffer_cfg={"enable": True, "len": 4, "penalty_factor": 0.5})
+    rewards = manager(data)
+    assert rewards[0, 3] == 1.0 and rewards[1, 9] == 0.5  # 10 tokens: the full penalty of 0.5

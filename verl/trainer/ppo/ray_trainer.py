@@ -23,7 +23,7 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, Ra
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.filters import filter_groups, overlong_filter, truncate_to_multiple
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
-from verl.trainer.ppo.reward import compute_reward
+from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, find_latest_ckpt_path, remove_old_checkpoints
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
@@ -210,7 +210,9 @@ class RayPPOTrainer:
         batch = batch.repeat(n, interleave=True).union(output)
 
         with _timer("reward", timing):
-            reward_tensor, reward_extra_info = compute_reward(batch, self.reward_fn)
+            reward_tensor, reward_extra_info, reward_metrics = run_reward(batch, self.reward_fn)
+            for key, value in reward_metrics.items():
+                gen_metrics[key].append(value)
             batch.batch["token_level_scores"] = reward_tensor
             for key, values in reward_extra_info.items():
                 column = np.empty(len(values), dtype=object)

@@ -68,9 +68,16 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **kwargs:
     )
 
 
-def compute_reward(data: DataProto, reward_fn: Callable) -> tuple[torch.Tensor, dict[str, list]]:
-    """Run the reward manager on a batch: `(bs, response_len)` scores and per-row extra info."""
+def run_reward(data: DataProto, reward_fn: Callable) -> tuple[torch.Tensor, dict[str, list], dict[str, float]]:
+    """Run the reward manager on a batch: `(bs, response_len)` scores, per-row extra info and the call's metrics."""
     result = reward_fn(data, return_dict=True)
     if isinstance(result, dict):
-        return result["reward_tensor"], dict(result.get("reward_extra_info") or {})
-    return result, {}
+        return (result["reward_tensor"], dict(result.get("reward_extra_info") or {}),
+                dict(result.get("reward_metrics") or {}))
+    return result, {}, {}
+
+
+def compute_reward(data: DataProto, reward_fn: Callable) -> tuple[torch.Tensor, dict[str, list]]:
+    """Run the reward manager on a batch: `(bs, response_len)` scores and per-row extra info (verl's function)."""
+    reward_tensor, extra_info, _ = run_reward(data, reward_fn)
+    return reward_tensor, extra_info

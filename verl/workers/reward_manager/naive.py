@@ -1,11 +1,19 @@
-"""The default reward manager: score each response once, on its last token."""
+"""The default reward manager: score each response once, on its last token; the base of the other managers.
+
+A manager decodes the batch into samples, grades them (`score_samples`, which subclasses replace: the pool manager
+grades in parallel worker processes), puts each score on the response's last valid token and, when
+`reward_model.overlong_buffer.enable`, adds DAPO's overlong penalty — so the penalty composes with every manager.
+"""
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl.protocol import DataProto
@@ -19,12 +27,68 @@ def last_valid_position(response_mask: torch.Tensor) -> torch.Tensor:
     return (response_mask.bool() * positions).max(dim=-1).values
 
 
+def overlong_penalty(
+    response_length: torch.Tensor, max_resp_len: int, buffer_len: int, penalty_factor: float
+) -> torch.Tensor:
+    """DAPO's overlong reward shaping (Yu et al. 2025, arXiv 2503.14476), `(bs,)` lengths -> `(bs,)` penalties.
+
+        penalty = min(0, -(L - (L_max - B)) / B * penalty_factor)
+
+    0 up to L_max - B tokens, then falling linearly to -penalty_factor at L = L_max (`data.max_response_length`),
+    with B = `reward_model.overlong_buffer.len`.
+    """
+    expected_len = max_resp_len - buffer_len
+    penalty = -(response_length.float() - expected_len) / buffer_len * penalty_factor
+    return penalty.clamp(max=0.0)
+
+
+@dataclass(frozen=True)
+class OverlongBuffer:
+    """`reward_model.overlong_buffer` checked against `data.max_response_length`."""
+
+    max_resp_len: int
+    buffer_len: int
+    penalty_factor: float
+    log: bool
+
+    @classmethod
+    def from_config(cls, cfg: Any, max_resp_len: int | None) -> OverlongBuffer | None:
+        """None when the penalty is off; a ValueError naming the key when the settings cannot work."""
+        cfg = cfg or {}
+        if not cfg.get("enable", False):
+            return None
+        if max_resp_len is None:
+            raise ValueError("reward_model.overlong_buffer.enable=true needs the response length limit: pass "
+                             "max_resp_len=data.max_response_length to the reward manager")
+        buffer_len = cfg.get("len")
+        if not isinstance(buffer_len, int) or not 0 < buffer_len < max_resp_len:
+            raise ValueError(f"reward_model.overlong_buffer.len={buffer_len!r} must be an int with "
+                             f"0 < len < data.max_response_length={max_resp_len}")
+        return cls(max_resp_len, buffer_len, float(cfg.get("penalty_factor", 1.0)), bool(cfg.get("log", False)))
+
+
+def grading_metrics(samples: list[dict[str, Any]], scores: list[float], reward_extra_info: dict[str, list],
+                    seconds: float) -> dict[str, float]:
+    """Metrics of one scoring call: mean score per data source, grading seconds per sample and, when scorers report
+    a `reward_status` ("ok", "no_code", "timeout", "error", ...), the fraction of samples with each status."""
+    metrics = {"reward/grading_seconds_per_sample": seconds / max(len(samples), 1)}
+    sources = np.array([sample["data_source"] for sample in samples], dtype=object)
+    for source in sorted(set(sources.tolist())):
+        metrics[f"reward/{source}/mean"] = float(np.mean(np.array(scores)[sources == source]))
+    statuses = [status for status in reward_extra_info.get("reward_status", []) if status is not None]
+    for status in sorted(set(statuses)):
+        metrics[f"reward/status/{status}"] = statuses.count(status) / len(samples)
+    return metrics
+
+
 @register_reward_manager("naive")
 class NaiveRewardManager:
     """Decode every response, grade it with `compute_score`, put the score on the last valid response token.
 
     `compute_score(data_source=, solution_str=, ground_truth=, extra_info=)` returns a number, or a dict with a
     "score" entry whose other entries are collected per row into `reward_extra_info` (logged by the trainer).
+    With `overlong_buffer_cfg` enabled the overlong penalty is added on the same token (and, with its `log`,
+    the rows gain `overlong_reward` and `overlong`).
     """
 
     def __init__(
@@ -33,65 +97,99 @@ class NaiveRewardManager:
         num_examine: int,
         compute_score: Callable | None = None,
         reward_fn_key: str = "data_source",
+        max_resp_len: int | None = None,
+        overlong_buffer_cfg: Any = None,
         **kwargs: Any,
     ):
         self.tokenizer = tokenizer
         self.num_examine = num_examine  # decoded examples printed per data source and call
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
+        self.overlong = OverlongBuffer.from_config(overlong_buffer_cfg, max_resp_len)
 
-    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
-        """`(bs, response_len)` float32 scores, or {"reward_tensor", "reward_extra_info"} when `return_dict`."""
-        prompt_ids = data.batch["prompts"]
-        response_ids = data.batch["responses"]
-        prompt_len = prompt_ids.shape[-1]
-        prompt_mask = data.batch["attention_mask"][:, :prompt_len].bool()
-        response_mask = data.batch["attention_mask"][:, prompt_len:].bool()
+    # ------------------------------------------------------------------------------------------- hooks
+    def score_samples(self, samples: list[dict[str, Any]]) -> list[float | dict[str, Any]]:
+        """Grade decoded samples (keyword arguments of `compute_score`) one after the other."""
+        return [self.compute_score(**sample) for sample in samples]
 
+    # ------------------------------------------------------------------------------------------- call
+    # ------------------------------------------------------------------------------------------- call
+    def decode(self, data: DataProto) -> list[dict[str, Any]]:
+        """One `compute_score` keyword dict per row: data_source, solution_str, ground_truth, extra_info."""
         non_tensors = data.non_tensor_batch
         if self.reward_fn_key not in non_tensors:
             raise KeyError(
                 f"Rows have no non-tensor field {self.reward_fn_key!r} (data.reward_fn_key); "
                 f"available: {sorted(non_tensors)}"
             )
-
-        reward_tensor = torch.zeros(response_ids.shape, dtype=torch.float32, device=response_ids.device)
-        reward_extra_info: dict[str, list] = defaultdict(list)
-        printed: dict[str, int] = defaultdict(int)
-
-        last = last_valid_position(response_mask)
-        for i in range(len(data)):
-            valid_ids = response_ids[i][response_mask[i]]
-            response_str = self.tokenizer.decode(valid_ids.tolist(), skip_special_tokens=True)
-            data_source = non_tensors[self.reward_fn_key][i]
-            ground_truth = non_tensors["reward_model"][i]["ground_truth"]
+        prompt_len = data.batch["prompts"].shape[-1]
+        response_mask = data.batch["attention_mask"][:, prompt_len:].bool()
+        samples = []
+        for i, (ids, mask) in enumerate(zip(data.batch["responses"], response_mask)):
             extra_info = non_tensors["extra_info"][i] if "extra_info" in non_tensors else None
+            samples.append({
+                "data_source": non_tensors[self.reward_fn_key][i],
+                "solution_str": self.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True),
+                "ground_truth": non_tensors["reward_model"][i]["ground_truth"],
+                "extra_info": extra_info or {},
+            })
+        return samples
 
-            result = self.compute_score(
-                data_source=data_source,
-                solution_str=response_str,
-                ground_truth=ground_truth,
-                extra_info=extra_info or {},
-            )
-            if isinstance(result, dict):
-                score = result["score"]
-                for key, value in result.items():
-                    if key != "score":
-                        reward_extra_info[key].append(value)
-            else:
-                score = result
+    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
+        """`(bs, response_len)` float32 scores, or {"reward_tensor", "reward_extra_info", "reward_metrics"}."""
+        samples = self.decode(data)
+        start = time.perf_counter()
+        results = self.score_samples(samples)
+        seconds = time.perf_counter() - start
 
-            # An empty response still needs its score counted by the advantage estimator: position 0.
-            reward_tensor[i, last[i]] = float(score)
+        prompt_len = data.batch["prompts"].shape[-1]
+        response_mask = data.batch["attention_mask"][:, prompt_len:]
+        # An empty response still needs its score counted by the advantage estimator: position 0.
+        last = last_valid_position(response_mask)
+        rows = [result if isinstance(result, dict) else {"score": result} for result in results]
+        scores = [float(row["score"]) for row in rows]
+        # Every extra column gets a value per row (None where a row's compute_score did not return that key).
+        keys = list(dict.fromkeys(key for row in rows for key in row if key != "score"))
+        reward_extra_info = {key: [row.get(key) for row in rows] for key in keys}
+        reward_tensor = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
+        reward_tensor[torch.arange(len(rows)), last] = torch.tensor(scores, dtype=torch.float32)
+        self.add_extra_info(scores, reward_extra_info)
+        if self.overlong is not None:
+            self.apply_overlong_penalty(response_mask, reward_tensor, reward_extra_info)
+        self.print_examples(data, samples, results)
+        if not return_dict:
+            return reward_tensor
+        return {"reward_tensor": reward_tensor, "reward_extra_info": reward_extra_info,
+                "reward_metrics": grading_metrics(samples, scores, reward_extra_info, seconds)}
 
-            if printed[data_source] < self.num_examine:
-                printed[data_source] += 1
-                prompt_str = self.tokenizer.decode(prompt_ids[i][prompt_mask[i]].tolist(), skip_special_tokens=True)
-                print(f"[prompt] {prompt_str}")
-                print(f"[response] {response_str}")
-                print(f"[ground_truth] {ground_truth}")
-                print(f"[score] {result}")
+    def add_extra_info(self, scores: list[float], reward_extra_info: dict[str, list]) -> None:
+        """Per-row columns a manager adds beyond what compute_score returned (none here; see the dapo manager)."""
 
-        if return_dict:
-            return {"reward_tensor": reward_tensor, "reward_extra_info": dict(reward_extra_info)}
-        return reward_tensor
+    def apply_overlong_penalty(self, response_mask: torch.Tensor, reward_tensor: torch.Tensor,
+                               reward_extra_info: dict[str, list]) -> None:
+        """Add the overlong penalty on each row's last valid token (in place)."""
+        response_length = response_mask.sum(dim=-1)
+        buffer = self.overlong
+        penalty = overlong_penalty(response_length, buffer.max_resp_len, buffer.buffer_len, buffer.penalty_factor)
+        reward_tensor[torch.arange(len(reward_tensor)), last_valid_position(response_mask)] += penalty
+        if buffer.log:
+            reward_extra_info["overlong_reward"] = penalty.tolist()
+            reward_extra_info["overlong"] = (response_length > buffer.max_resp_len - buffer.buffer_len).tolist()
+
+    def print_examples(self, data: DataProto, samples: list[dict[str, Any]], results: list) -> None:
+        """Print up to `num_examine` decoded samples per data source."""
+        if self.num_examine <= 0:
+            return
+        prompt_ids = data.batch["prompts"]
+        prompt_mask = data.batch["attention_mask"][:, : prompt_ids.shape[-1]].bool()
+        printed: dict[str, int] = defaultdict(int)
+        for i, (sample, result) in enumerate(zip(samples, results)):
+            source = sample["data_source"]
+            if printed[source] >= self.num_examine:
+                continue
+            printed[source] += 1
+            prompt_str = self.tokenizer.decode(prompt_ids[i][prompt_mask[i]].tolist(), skip_special_tokens=True)
+            print(f"[prompt] {prompt_str}")
+            print(f"[response] {sample['solution_str']}")
+            print(f"[ground_truth] {sample['ground_truth']}")
+            print(f"[score] {result}")
