@@ -9,12 +9,11 @@ bounds the time (the batch reward manager grades in worker processes and gives u
 
 from __future__ import annotations
 
-import contextlib
 import re
-import signal
-import threading
 
 from math_verify import parse, verify
+
+from verl.utils.time_limit import time_limit
 
 _BOXED_COMMANDS = ("\\boxed", "\\fbox")
 GRADE_TIMEOUT_S = 5
@@ -72,29 +71,6 @@ def normalize_answer(answer: str) -> str:
     if answer.startswith("."):
         answer = "0" + answer
     return answer
-
-
-class GradingTimeout(Exception):
-    """A symbolic check ran past its time limit."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    """Raise GradingTimeout after `seconds` of wall time; only in the main thread (SIGALRM), a no-op elsewhere."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum, frame):
-        raise GradingTimeout(f"grading took more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def math_verify_equal(answer: str, ground_truth: str) -> bool:
