@@ -61,3 +61,34 @@ def test_batch_manager_calls_the_batched_function_once():
     assert calls == [["a", "b"]] and rewards.sum(-1).tolist() == [1.0, 0.0]
     with pytest.raises(ValueError, match="returned 1 scores for 2 samples"):
         BatchRewardManager(CharTokenizer(), 0, compute_score=lambda **kw: [1.0])(data)
+
+
+SLOW_REWARD = """
+import time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "slow":
+        time.sleep(60)
+    return float(solution_str == ground_truth)
+"""
+
+
+def test_any_manager_grades_in_workers_through_reward_kwargs(tmp_path):
+    from omegaconf import OmegaConf
+
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    (tmp_path / "reward.py").write_text(SLOW_REWARD)
+    config = OmegaConf.create({"reward_model": {"reward_manager": "dapo",
+                                                "reward_kwargs": {"num_workers": 2, "timeout_s": 1.0}},
+                               "custom_reward_function": {"path": str(tmp_path / "reward.py")},
+                               "data": {"max_response_length": 10}})
+    manager = load_reward_manager(config, CharTokenizer(), num_examine=0)
+    try:
+        data = make_batch(["p", "q"], ["42", "slow"], ["s", "s"], ["42", "42"])
+        out = manager(data, return_dict=True)
+    finally:
+        manager.pool.close(kill=True)
+    assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0]
+    assert out["reward_extra_info"]["reward_status"] == [None, "timeout"]
+    assert out["reward_extra_info"]["acc"] == [1.0, 0.0]  # the dapo columns still come on top

@@ -7,6 +7,7 @@ grades in parallel worker processes), puts each score on the response's last val
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -18,7 +19,12 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.reward_score import default_compute_score
+from verl.utils.timed_pool import TimedProcessPool
 from verl.workers.reward_manager.registry import register_reward_manager
+
+logger = logging.getLogger(__name__)
+# Grading failures described per call; the rest are counted in the reward/status/* metrics.
+_LOGGED_FAILURES = 3
 
 
 def last_valid_position(response_mask: torch.Tensor) -> torch.Tensor:
@@ -88,7 +94,8 @@ class NaiveRewardManager:
     `compute_score(data_source=, solution_str=, ground_truth=, extra_info=)` returns a number, or a dict with a
     "score" entry whose other entries are collected per row into `reward_extra_info` (logged by the trainer).
     With `overlong_buffer_cfg` enabled the overlong penalty is added on the same token (and, with its `log`,
-    the rows gain `overlong_reward` and `overlong`).
+    the rows gain `overlong_reward` and `overlong`). With `num_workers` > 0 (`reward_model.reward_kwargs`) samples
+    are graded in that many worker processes, each under `timeout_s`; see `score_samples`.
     """
 
     def __init__(
@@ -99,6 +106,8 @@ class NaiveRewardManager:
         reward_fn_key: str = "data_source",
         max_resp_len: int | None = None,
         overlong_buffer_cfg: Any = None,
+        num_workers: int = 0,
+        timeout_s: float = 30.0,
         **kwargs: Any,
     ):
         self.tokenizer = tokenizer
@@ -106,11 +115,28 @@ class NaiveRewardManager:
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
         self.overlong = OverlongBuffer.from_config(overlong_buffer_cfg, max_resp_len)
+        self.pool = None
+        if num_workers:
+            self.pool = TimedProcessPool(self.compute_score, num_workers=num_workers, timeout_s=timeout_s)
 
     # ------------------------------------------------------------------------------------------- hooks
     def score_samples(self, samples: list[dict[str, Any]]) -> list[float | dict[str, Any]]:
-        """Grade decoded samples (keyword arguments of `compute_score`) one after the other."""
-        return [self.compute_score(**sample) for sample in samples]
+        """Grade decoded samples (keyword arguments of `compute_score`): one after the other, or with `num_workers`
+        in worker processes, each under `timeout_s`; there a failing sample scores 0 with `reward_status` "error"
+        or "timeout" and its reason in `reward_error`, and the rest of the batch is unaffected."""
+        if self.pool is None:
+            return [self.compute_score(**sample) for sample in samples]
+        results, failures = [], 0
+        for sample, call in zip(samples, self.pool.map(samples)):
+            if call.status == "ok":
+                results.append(call.value)
+                continue
+            failures += 1
+            if failures <= _LOGGED_FAILURES:
+                logger.warning("reward of a %s sample is 0: grading %s: %s", sample["data_source"], call.status,
+                               call.value)
+            results.append({"score": 0.0, "reward_status": call.status, "reward_error": call.value})
+        return results
 
     # ------------------------------------------------------------------------------------------- call
     # ------------------------------------------------------------------------------------------- call

@@ -2,44 +2,21 @@
 
 from __future__ import annotations
 
-import logging
+import os
 from typing import Any
 
-from verl.utils.timed_pool import TimedProcessPool
 from verl.workers.reward_manager.naive import NaiveRewardManager
 from verl.workers.reward_manager.registry import register_reward_manager
-
-logger = logging.getLogger(__name__)
-# Failure reasons printed per call; the rest are counted in the reward/status/* metrics.
-_LOGGED_FAILURES = 3
 
 
 @register_reward_manager("prime")
 @register_reward_manager("pool")
 class PoolRewardManager(NaiveRewardManager):
-    """The naive manager with `compute_score` run in `num_workers` processes, each sample under `timeout_s`.
+    """The naive manager grading in worker processes by default: `num_workers` (default min(8, CPUs)), each sample
+    under `timeout_s` (default 30 s); set them in `reward_model.reward_kwargs`. Any manager takes the same options."""
 
-    A sample whose grading raises or runs out of time scores 0 with `reward_status` "error" or "timeout" and its
-    reason in `reward_error`; the rest of the batch is unaffected. Options come from `reward_model.reward_kwargs`
-    (`num_workers`, default min(8, CPUs); `timeout_s`, default 30).
-    """
-
-    def __init__(self, *args: Any, num_workers: int | None = None, timeout_s: float = 30.0, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.pool = TimedProcessPool(self.compute_score, num_workers=num_workers, timeout_s=timeout_s)
-
-    def score_samples(self, samples: list[dict[str, Any]]) -> list[float | dict[str, Any]]:
-        results, failures = [], 0
-        for sample, call in zip(samples, self.pool.map(samples)):
-            if call.status == "ok":
-                results.append(call.value)
-                continue
-            failures += 1
-            if failures <= _LOGGED_FAILURES:
-                logger.warning("reward of a %s sample is 0: grading %s: %s", sample["data_source"], call.status,
-                               call.value)
-            results.append({"score": 0.0, "reward_status": call.status, "reward_error": call.value})
-        return results
+    def __init__(self, *args: Any, num_workers: int | None = None, **kwargs: Any):
+        super().__init__(*args, num_workers=num_workers or min(8, os.cpu_count() or 1), **kwargs)
 
 
 @register_reward_manager("batch")
