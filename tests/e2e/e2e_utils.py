@@ -42,6 +42,7 @@ def build_trainer(overrides, model_dir):
     train = RLHFDataset(cfg.data.train_files, tokenizer, cfg.data)
     val = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data)
     reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0)
-    trainer = RayPPOTrainer(cfg, tokenizer, train, val, reward_fn, reward_fn, device="cpu")
+    val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0, is_eval=True)
+    trainer = RayPPOTrainer(cfg, tokenizer, train, val, reward_fn, val_reward_fn, device="cpu")
     trainer.init_workers()
     return trainer

@@ -170,7 +170,7 @@ def run_generation(config: DictConfig) -> dict[str, dict[str, float]]:
                                            seed=rollout.seed)
     params = SamplingParams(n=n_samples, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                             max_tokens=rollout.response_length, do_sample=rollout.do_sample)
-    reward_fn = load_reward_manager(config, tokenizer, num_examine=config.reward_model.num_examine)
+    reward_fn = load_reward_manager(config, tokenizer, num_examine=config.reward_model.num_examine, is_eval=True)
 
     responses, scores, sources, prompt_ids = [], [], [], []
     starts = range(0, len(dataset), data.batch_size)

@@ -78,7 +78,7 @@ def run_ppo(config: DictConfig):
     train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
     val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
     reward_fn = load_reward_manager(config, tokenizer, num_examine=config.reward_model.num_examine)
-    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1)
+    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, is_eval=True)
 
     init_ray(config, device)
     trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, device=device)

@@ -82,10 +82,22 @@ def test_custom_function_errors_name_the_config(custom_file, tmp_path):
 def test_load_reward_manager_uses_default_compute_score():
     manager = load_reward_manager(make_config(), CharTokenizer(), num_examine=0)
     assert isinstance(manager, NaiveRewardManager)
-    assert manager.compute_score is default_compute_score
+    assert manager.compute_score.func is default_compute_score
     reward_tensor, extra = compute_reward(one_row_batch("#### 7", "7"), manager)
     assert reward_tensor[0, 5] == 1.0 and reward_tensor.sum() == 1.0
     assert extra == {}
+
+
+def test_code_test_subsampling_only_outside_evaluation():
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create({"reward_model": {"code_execution": {
+        "per_test_timeout_s": 2.0, "total_timeout_s": 9.0, "memory_mb": 512, "max_train_tests": 4}}})
+    train = load_reward_manager(config, CharTokenizer(), num_examine=0).compute_score
+    evaluation = load_reward_manager(config, CharTokenizer(), num_examine=0, is_eval=True).compute_score
+    limits = {"per_test_timeout_s": 2.0, "total_timeout_s": 9.0, "memory_mb": 512}
+    assert train.keywords == {**limits, "max_tests": 4}
+    assert evaluation.keywords == {**limits, "max_tests": None}
 
 
 def test_load_reward_manager_with_custom_function(custom_file):

@@ -46,16 +46,26 @@ def get_custom_reward_fn(config: Any) -> Callable | None:
     return functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
 
 
-def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **kwargs: Any) -> Any:
+def default_score_fn(config: Any, is_eval: bool = False) -> Callable:
+    """`default_compute_score` with the code-execution limits of `reward_model.code_execution` bound; test
+    subsampling (`max_train_tests`) only when not `is_eval`."""
+    section = dict(_section(_section(config, "reward_model"), "code_execution"))
+    limits = {key: section[key] for key in ("per_test_timeout_s", "total_timeout_s", "memory_mb") if key in section}
+    limits["max_tests"] = None if is_eval else section.get("max_train_tests")
+    return functools.partial(default_compute_score, **limits)
+
+
+def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: bool = False, **kwargs: Any) -> Any:
     """Instantiate `reward_model.reward_manager` (default "naive") with the custom or default compute_score.
 
-    Keyword arguments and `reward_model.reward_kwargs` (which wins on a clash) go to the manager constructor, after
+    `is_eval` marks the managers of validation and offline evaluation (no code-test subsampling). Keyword arguments
+    and `reward_model.reward_kwargs` (which wins on a clash) go to the manager constructor, after
     `max_resp_len` (data.max_response_length) and `overlong_buffer_cfg` (reward_model.overlong_buffer), which the
     dapo manager uses and the others ignore.
     """
     reward_model = _section(config, "reward_model")
     manager_cls = get_reward_manager_cls(reward_model.get("reward_manager") or "naive")
-    compute_score = get_custom_reward_fn(config) or default_compute_score
+    compute_score = get_custom_reward_fn(config) or default_score_fn(config, is_eval)
     defaults = {"max_resp_len": _section(config, "data").get("max_response_length"),
                 "overlong_buffer_cfg": reward_model.get("overlong_buffer")}
     manager_kwargs = {**defaults, **kwargs, **dict(reward_model.get("reward_kwargs") or {})}
