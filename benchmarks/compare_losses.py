@@ -33,7 +33,9 @@ ACTOR = "actor_rollout_ref.actor"
 LOSSES = {
     "vanilla": [f"{ACTOR}.policy_loss.loss_mode=vanilla"],
     "aspo": [f"{ACTOR}.policy_loss.loss_mode=aspo"],
-    "archer": [f"{ACTOR}.policy_loss.loss_mode=archer"],
+    # The Archer recipe's clip intervals: the code's defaults (clip_ratio for both groups) would make it vanilla.
+    "archer": [f"{ACTOR}.policy_loss.loss_mode=archer", f"{ACTOR}.high_entropy_clip_ratio_low=0.5",
+               f"{ACTOR}.high_entropy_clip_ratio_high=0.5"],
     # AEPO's released scripts turn on both its clipping and its advantage.
     "aepo": [f"{ACTOR}.policy_loss.loss_mode=aepo", f"{ACTOR}.enable_entropy_balanced_advantage=true"],
 }
@@ -106,6 +108,10 @@ def train_loss(args: argparse.Namespace, seed: int, loss: str, sft_model: str, d
     root = os.path.join(args.out, f"seed{seed}")
     run_dir = os.path.join(root, f"rl_{loss}")
     log = os.path.join(root, "logs", f"rl_{loss}.log")
+    done = os.path.join(run_dir, "result.json")
+    if os.path.exists(done):  # a rerun of the benchmark keeps the runs that finished
+        with open(done) as f:
+            return json.load(f)
     start = time.perf_counter()
     run([sys.executable, "-m", "verl.trainer.main_ppo", f"actor_rollout_ref.model.path={sft_model}",
          f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
@@ -128,7 +134,7 @@ def train_loss(args: argparse.Namespace, seed: int, loss: str, sft_model: str, d
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         steps = [json.loads(line) for line in f]
     last = steps[-5:]
-    return {
+    result = {
         "greedy_acc": acc,
         "entropy_first": steps[0]["actor/entropy"],
         "entropy_last5": statistics.mean(s["actor/entropy"] for s in last),
@@ -136,6 +142,9 @@ def train_loss(args: argparse.Namespace, seed: int, loss: str, sft_model: str, d
         "train_score_last5": statistics.mean(s["critic/score/mean"] for s in last),
         "seconds": seconds,
     }
+    with open(done, "w") as f:
+        json.dump(result, f)
+    return result
 
 
 def spread(values: list[float], fmt: str) -> str:

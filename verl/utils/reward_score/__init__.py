@@ -8,6 +8,8 @@ ground_truth)` and map its data_source values to the module below.
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 # data_source -> module in this package whose `compute_score(solution_str, ground_truth)` grades it.
@@ -23,21 +25,39 @@ DATA_SOURCE_TO_MODULE: dict[str, str] = {
     "aime2024": "math",
     "aime2025": "math",
     "arithmetic": "arithmetic",
+    "code": "code",
+    "livecodebench": "code",
+    "livecodebench_v5": "code",
+    "livecodebench_v6": "code",
+    "humanevalplus": "code",
 }
 
 
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
-) -> float:
-    """Score one decoded response with the rule for its data source (`extra_info` and kwargs are unused here)."""
+) -> float | dict[str, Any]:
+    """Score one decoded response with the rule for its data source. `extra_info` and kwargs (the reward manager's
+    settings, e.g. a code reward's time limits) reach the module's compute_score only where its signature takes them.
+    A dict result ({"score": ..., other per-row columns}) is returned as is, anything else as a float."""
     module_name = DATA_SOURCE_TO_MODULE.get(data_source)
     if module_name is None:
         raise NotImplementedError(
             f"No reward function for data_source={data_source!r}; known: {sorted(DATA_SOURCE_TO_MODULE)}. "
             "Point custom_reward_function.path (and custom_reward_function.name) at your own compute_score."
         )
-    module = importlib.import_module(f"{__name__}.{module_name}")
-    return float(module.compute_score(solution_str, ground_truth))
+    compute_score = importlib.import_module(f"{__name__}.{module_name}").compute_score
+    keywords = _accepted_keywords(compute_score, {"extra_info": extra_info, **kwargs})
+    result = compute_score(solution_str, ground_truth, **keywords)
+    return result if isinstance(result, dict) else float(result)
+
+
+def _accepted_keywords(function: Callable, candidates: dict[str, Any]) -> dict[str, Any]:
+    """The entries of `candidates` that `function` takes as keyword arguments."""
+    parameters = inspect.signature(function).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return candidates
+    names = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {name: value for name, value in candidates.items() if name in names}
 
 
 # verl's older public name, still used by some user reward functions that wrap the default one.
