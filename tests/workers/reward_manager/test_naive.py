@@ -156,7 +156,7 @@ def test_rows_without_an_extra_key_get_none_and_statuses_become_metrics():
     metrics = out["reward_metrics"]
     assert metrics["reward/status/no_code"] == 0.5 and metrics["reward/status/timeout"] == 0.25
     assert metrics["reward/x/mean"] == 0.5 and metrics["reward/y/mean"] == 0.0
-    assert metrics["reward/grading_seconds_per_sample"] >= 0
+    assert metrics["timing_s/reward_per_sample"] >= 0
 
 
 def test_overlong_penalty_composes_with_the_naive_manager():

@@ -77,7 +77,7 @@ def grading_metrics(samples: list[dict[str, Any]], scores: list[float], reward_e
                     seconds: float) -> dict[str, float]:
     """Metrics of one scoring call: mean score per data source, grading seconds per sample and, when scorers report
     a `reward_status` ("ok", "no_code", "timeout", "error", ...), the fraction of samples with each status."""
-    metrics = {"reward/grading_seconds_per_sample": seconds / max(len(samples), 1)}
+    metrics = {"timing_s/reward_per_sample": seconds / max(len(samples), 1)}
     sources = np.array([sample["data_source"] for sample in samples], dtype=object)
     for source in sorted(set(sources.tolist())):
         metrics[f"reward/{source}/mean"] = float(np.mean(np.array(scores)[sources == source]))
