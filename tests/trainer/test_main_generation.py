@@ -110,3 +110,17 @@ def test_bad_paths_name_their_keys(tiny_model_dir, four_prompts, tmp_path, capsy
 def test_run_eval_script_usage():
     result = subprocess.run(["bash", str(ROOT / "scripts/eval/run_eval.sh")], capture_output=True, text=True)
     assert result.returncode == 2 and "usage" in result.stderr
+
+
+def test_livecodebench_sample_is_generated_and_graded_in_parallel(tiny_model_dir, tmp_path):
+    """The code path of offline evaluation: a .jsonl of LiveCodeBench rows, the pool manager grading in workers.
+    The untrained tiny model writes no program, so every score is 0 (main_eval's tests grade known programs)."""
+    output = tmp_path / "lcb.parquet"
+    metrics = run_generation(_config(tiny_model_dir, ROOT / "data/livecodebench_sample.jsonl", output,
+                                     "data.n_samples=2", "rollout.prompt_length=384", "reward_model.reward_manager=pool",
+                                     "+reward_model.reward_kwargs.num_workers=2"))
+    result = pd.read_parquet(output)
+    assert len(result) == 6 and result["data_source"].unique().tolist() == ["livecodebench"]
+    assert result["scores"].map(list).tolist() == [[0.0, 0.0]] * 6
+    assert set(metrics["livecodebench"]) == {"num_prompts", "avg@2", "mean@2", "pass@1", "pass@2"}
+    assert metrics["livecodebench"]["num_prompts"] == 6 and metrics["livecodebench"]["pass@2"] == 0.0

@@ -1,6 +1,6 @@
 """Offline generation and scoring: `python -m verl.trainer.main_generation model.path=... data.path=... k=v ...`.
 
-For every prompt of `data.path` (a parquet file in verl's row schema, read with RLHFDataset's chat template and
+For every prompt of `data.path` (a .parquet, .jsonl or .json file in verl's row schema, read with RLHFDataset's chat template and
 truncation rules) the model samples `data.n_samples` responses; each is scored by the reward manager
 (`reward_model.reward_manager`, with the rule scorer of the row's data_source or `custom_reward_function`). Written:
 
@@ -36,11 +36,13 @@ from tqdm import tqdm
 from verl.protocol import DataProto
 from verl.trainer.ppo.eval_metrics import compute_eval_metrics, format_metrics_table
 from verl.utils.config import ConfigError, resolve_device, run_cli
+from verl.utils.dataset.rl_dataset import read_rows
 
 # "AvgN" as its own token: not preceded by a letter (so "navg8" does not count) and not followed by more digits.
 _AVG_N_TOKEN = re.compile(r"(?<![a-z])avg(\d+)(?!\d)", re.IGNORECASE)
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 def infer_n_samples(data_path: str) -> int | None:
@@ -76,11 +78,11 @@ def check_generation_config(config: DictConfig) -> int:
         problems.append(f"model.path={model.path}: not a Hugging Face model directory (no config.json there; "
                         "models are never downloaded at run time)")
     if data.path is None:
-        problems.append("data.path is not set; pass data.path=<prompts .parquet file>")
+        problems.append("data.path is not set; pass data.path=<prompts .parquet/.jsonl/.json file>")
     elif not os.path.isfile(os.path.expanduser(data.path)):
         problems.append(f"data.path={data.path}: file not found")
-    elif not str(data.path).endswith(".parquet"):
-        problems.append(f"data.path={data.path} must be a .parquet file")
+    elif not str(data.path).endswith(DATA_SUFFIXES):
+        problems.append(f"data.path={data.path} must be a {'/'.join(DATA_SUFFIXES)} file")
     if data.output_path is None:
         problems.append("data.output_path is not set; pass data.output_path=<file .parquet to write>")
     elif not str(data.output_path).endswith(".parquet"):
@@ -141,9 +143,10 @@ def load_model_and_tokenizer(model_config: DictConfig, device: str):
 
 def _output_table(dataset, responses: list[list[str]], scores: list[list[float]]) -> pa.Table:
     """The input rows that were generated for (all of them unless overlong prompts were filtered) + the results."""
-    path = dataset.data_files[0]
+    path = os.path.expanduser(dataset.data_files[0])
     rows = [row_in_file for _, row_in_file, _ in dataset.origins]
-    table = pq.read_table(os.path.expanduser(path)).take(rows)
+    table = pq.read_table(path) if path.endswith(".parquet") else pa.Table.from_pylist(read_rows(path))
+    table = table.take(rows)
     # Re-scoring an earlier output file replaces its results rather than adding a second pair of columns.
     table = table.drop_columns([name for name in ("responses", "scores") if name in table.column_names])
     table = table.append_column("responses", pa.array(responses, type=pa.list_(pa.string())))

@@ -15,6 +15,7 @@ from verl.utils.reward_score.code import compute_score, extract_code, parse_grou
 from verl.utils.sandbox import SandboxResult
 
 SAMPLE_FILE = Path(__file__).resolve().parents[3] / "data" / "livecodebench_sample.jsonl"
+SOLUTIONS_FILE = SAMPLE_FILE.with_name("livecodebench_sample_solutions.json")
 ADD = json.dumps({"inputs": ["1 2\n", "10 -4\n", "0 0\n"], "outputs": ["3\n", "6\n", "0\n"]})
 ADD_SOLUTION = "a, b = map(int, input().split())\nprint(a + b)"
 TWO_SUM = json.dumps(
@@ -369,31 +370,10 @@ def test_default_compute_score_dispatches_and_forwards_settings():
 
 # ------------------------------------------------------------------ the sample data set
 
-REFERENCE_SOLUTIONS = {
-    0: ADD_SOLUTION,
-    1: "print(input().strip()[::-1])",
-    2: """
-import sys
-data = sys.stdin.read().split()
-pos, sums = 1, []
-for _ in range(int(data[0])):
-    n = int(data[pos])
-    sums.append(sum(x for x in map(int, data[pos + 1 : pos + 1 + n]) if x % 2 == 0))
-    pos += 1 + n
-print("\\n".join(map(str, sums)))
-""",
-    3: "n = int(input())\nxs = list(map(float, input().split()))\nprint(f'{sum(xs) / n:.8f}')",
-    4: "class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:" + TWO_SUM_BODY,
-    5: "def isPalindrome(s: str) -> bool:\n    kept = [c.lower() for c in s if c.isalnum()]\n    return kept == kept[::-1]",
-}
-WRONG_SOLUTIONS = {
-    0: "a, b = map(int, input().split())\nprint(a - b)",
-    1: "print(input())",
-    2: REFERENCE_SOLUTIONS[2].replace("x % 2 == 0", "x % 2 == 1"),
-    3: "n = int(input())\nxs = list(map(float, input().split()))\nprint(f'{sum(xs) / n:.2f}')",
-    4: REFERENCE_SOLUTIONS[4].replace("return [seen[target - x], j]", "return [j, seen[target - x]]"),
-    5: "def isPalindrome(s: str) -> bool:\n    return s == s[::-1]",
-}
+# A right and a wrong program per sample problem, by extra_info.index.
+SOLUTIONS = json.loads(SOLUTIONS_FILE.read_text())
+REFERENCE_SOLUTIONS = {int(i): pair["reference"] for i, pair in SOLUTIONS.items()}
+WRONG_SOLUTIONS = {int(i): pair["wrong"] for i, pair in SOLUTIONS.items()}
 
 
 def sample_rows() -> list[dict]:

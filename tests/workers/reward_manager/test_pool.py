@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -92,3 +94,63 @@ def test_any_manager_grades_in_workers_through_reward_kwargs(tmp_path):
     assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0]
     assert out["reward_extra_info"]["reward_status"] == [None, "timeout"]
     assert out["reward_extra_info"]["acc"] == [1.0, 0.0]  # the dapo columns still come on top
+
+
+DATA = Path(__file__).resolve().parents[3] / "data"
+# name: (program, the statuses it may get on a stdin/stdout problem; None = any failing one). On a call-based problem
+# the harness imports the program and captures what it prints, so there any failing status is right.
+HOSTILE_PROGRAMS = {
+    "infinite loop": ("while True:\n    pass\n", {"timeout"}),
+    "fork bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", None),
+    "50 GB": ("x = bytearray(50 * 2**30)\n", None),
+    "10 GB file": ("with open('big', 'wb') as f:\n    for _ in range(10 * 1024):\n        f.write(b'0' * 2**20)\n",
+                   None),
+    "1 GB of output": ("import sys\nfor _ in range(1024):\n    sys.stdout.write('x' * 2**20)\n", {"output_limit"}),
+    "kill the parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", None),
+    "background process": ("import subprocess\nsubprocess.Popen(['sleep', '600'], start_new_session=True)\n", None),
+    "read secrets": ("import os\nprint(os.environ.get('QUIVER_TEST_SECRET', 'none'))\n", {"wrong_answer", "runtime_error"}),
+}
+
+
+def test_a_mixed_batch_of_64_programs_is_scored_right_in_parallel(monkeypatch):
+    """Right, wrong and hostile programs for the LiveCodeBench sample problems, graded by the pool manager through
+    the default scorer: every right program scores 1, everything else 0, and this process carries on."""
+    from omegaconf import OmegaConf
+
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    monkeypatch.setenv("QUIVER_TEST_SECRET", "hunter2")
+    problems = [json.loads(line) for line in (DATA / "livecodebench_sample.jsonl").read_text().splitlines()]
+    solutions = json.loads((DATA / "livecodebench_sample_solutions.json").read_text())
+    kinds = ["reference", "wrong", *HOSTILE_PROGRAMS]
+    samples = []  # (problem, kind, program)
+    for i in range(64):
+        problem, kind = problems[i % len(problems)], kinds[i % len(kinds)]
+        pair = solutions[str(problem["extra_info"]["index"])]
+        samples.append((problem, kind, pair[kind] if kind in pair else HOSTILE_PROGRAMS[kind][0]))
+    responses = [f"</think>\n```python\n{program}```" for _, _, program in samples]
+    data = make_batch(["p"] * 64, responses, [p["data_source"] for p, _, _ in samples],
+                      [p["reward_model"]["ground_truth"] for p, _, _ in samples],
+                      extra_infos=[p["extra_info"] for p, _, _ in samples], response_len=512)
+
+    config = OmegaConf.create({"reward_model": {
+        "reward_manager": "pool", "reward_kwargs": {"num_workers": 2},
+        "code_execution": {"per_test_timeout_s": 1.0, "total_timeout_s": 4.0, "memory_mb": 512}}})
+    manager = load_reward_manager(config, CharTokenizer(), num_examine=0, is_eval=True)
+    assert manager.pool.timeout_s == 19.0  # total_timeout_s + the grading margin
+    try:
+        out = manager(data, return_dict=True)
+    finally:
+        manager.pool.close()
+
+    scores = out["reward_tensor"].sum(-1).tolist()
+    statuses = out["reward_extra_info"]["reward_status"]
+    for (problem, kind, _), score, status in zip(samples, scores, statuses):
+        where = f"problem {problem['extra_info']['index']}, {kind}: status {status}"
+        assert score == float(kind == "reference"), where
+        expected = {"reference": {"ok"}, "wrong": {"wrong_answer"}}.get(kind)
+        if expected is None and "fn_name" not in problem["reward_model"]["ground_truth"]:
+            expected = HOSTILE_PROGRAMS[kind][1]
+        assert expected is None or status in expected, where
+    assert sum(scores) == sum(kind == "reference" for _, kind, _ in samples)
+    assert out["reward_metrics"]["reward/livecodebench/mean"] == pytest.approx(sum(scores) / 64)

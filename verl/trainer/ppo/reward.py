@@ -55,19 +55,31 @@ def default_score_fn(config: Any, is_eval: bool = False) -> Callable:
     return functools.partial(default_compute_score, **limits)
 
 
+# Seconds a code sample's grading may take beyond the sandbox's own cap: interpreter start-up, harness, clean-up.
+_GRADING_MARGIN_S = 15.0
+_DEFAULT_GRADING_TIMEOUT_S = 30.0
+
+
+def grading_timeout_s(config: Any) -> float:
+    """Per-sample limit of grading in worker processes: above `reward_model.code_execution.total_timeout_s`, so the
+    sandbox's own cap (which reports a precise status) always fires first; 30 s without code execution settings."""
+    total = _section(_section(config, "reward_model"), "code_execution").get("total_timeout_s")
+    return float(total) + _GRADING_MARGIN_S if total else _DEFAULT_GRADING_TIMEOUT_S
+
+
 def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: bool = False, **kwargs: Any) -> Any:
     """Instantiate `reward_model.reward_manager` (default "naive") with the custom or default compute_score.
 
     `is_eval` marks the managers of validation and offline evaluation (no code-test subsampling). Keyword arguments
     and `reward_model.reward_kwargs` (which wins on a clash) go to the manager constructor, after
-    `max_resp_len` (data.max_response_length) and `overlong_buffer_cfg` (reward_model.overlong_buffer), which the
-    dapo manager uses and the others ignore.
+    `max_resp_len` (data.max_response_length), `overlong_buffer_cfg` (reward_model.overlong_buffer), which the
+    dapo manager uses and the others ignore, and `timeout_s` (`grading_timeout_s`), used when grading in workers.
     """
     reward_model = _section(config, "reward_model")
     manager_cls = get_reward_manager_cls(reward_model.get("reward_manager") or "naive")
     compute_score = get_custom_reward_fn(config) or default_score_fn(config, is_eval)
     defaults = {"max_resp_len": _section(config, "data").get("max_response_length"),
-                "overlong_buffer_cfg": reward_model.get("overlong_buffer")}
+                "overlong_buffer_cfg": reward_model.get("overlong_buffer"), "timeout_s": grading_timeout_s(config)}
     manager_kwargs = {**defaults, **kwargs, **dict(reward_model.get("reward_kwargs") or {})}
     return manager_cls(
         tokenizer=tokenizer,

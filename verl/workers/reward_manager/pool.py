@@ -13,7 +13,8 @@ from verl.workers.reward_manager.registry import register_reward_manager
 @register_reward_manager("pool")
 class PoolRewardManager(NaiveRewardManager):
     """The naive manager grading in worker processes by default: `num_workers` (default min(8, CPUs)), each sample
-    under `timeout_s` (default 30 s); set them in `reward_model.reward_kwargs`. Any manager takes the same options."""
+    under `timeout_s` (from `load_reward_manager`: code_execution.total_timeout_s + 15 s, else 30 s); set either in
+    `reward_model.reward_kwargs`. Any manager takes the same options."""
 
     def __init__(self, *args: Any, num_workers: int | None = None, **kwargs: Any):
         super().__init__(*args, num_workers=num_workers or min(8, os.cpu_count() or 1), **kwargs)

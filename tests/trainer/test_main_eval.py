@@ -1,0 +1,102 @@
+"""verl/trainer/main_eval.py: grading responses already in a file, on the LiveCodeBench sample with known programs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from verl.trainer.main_eval import main, run_eval
+from verl.utils.config import ConfigError, load_config
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+SAMPLE = DATA / "livecodebench_sample.jsonl"
+SOLUTIONS = json.loads((DATA / "livecodebench_sample_solutions.json").read_text())
+
+
+def respond(code: str) -> str:
+    return f"<think>\nI will write it.\n</think>\n```python\n{code}```"
+
+
+def scored_rows(*kinds: str) -> list[dict]:
+    """The sample problems, each with one response per kind: "reference", "wrong", or literal text."""
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    for row in rows:
+        pair = SOLUTIONS[str(row["extra_info"]["index"])]
+        row["responses"] = [respond(pair[kind]) if kind in pair else kind for kind in kinds]
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_right_and_wrong_programs_give_avg_and_pass_at_k(tmp_path):
+    data = write_jsonl(tmp_path / "lcb_gen.jsonl", scored_rows("reference", "wrong", "no code at all"))
+    output = tmp_path / "scored" / "lcb.parquet"
+    metrics = run_eval(load_config("evaluation", [f"data.path={data}", f"data.output_path={output}",
+                                                  "num_workers=2"]))
+
+    lcb = metrics["livecodebench"]
+    assert lcb["num_prompts"] == 6
+    assert lcb["avg@3"] == pytest.approx(1 / 3)
+    assert lcb["pass@1"] == pytest.approx(1 / 3)
+    assert lcb["pass@2"] == pytest.approx(2 / 3)  # 1 - C(2,2)/C(3,2): one right program among three
+    assert lcb["pass@3"] == 1.0
+    assert metrics["grading_status"] == pytest.approx({"no_code": 1 / 3, "ok": 1 / 3, "wrong_answer": 1 / 3})
+
+    written = pd.read_parquet(output)
+    assert written["scores"].map(list).tolist() == [[1.0, 0.0, 0.0]] * 6
+    assert written["responses"].map(len).tolist() == [3] * 6
+    assert json.loads((tmp_path / "scored" / "lcb.metrics.json").read_text()) == metrics
+
+
+def test_a_program_that_hangs_costs_only_its_own_score(tmp_path):
+    rows = scored_rows("reference", respond("while True:\n    pass\n"))[:2]
+    data = write_jsonl(tmp_path / "gen.jsonl", rows)
+    metrics = run_eval(load_config("evaluation", [
+        f"data.path={data}", "num_workers=2", "reward_model.code_execution.per_test_timeout_s=1",
+        "reward_model.code_execution.total_timeout_s=3"]))
+    assert metrics["livecodebench"]["avg@2"] == 0.5
+    assert metrics["grading_status"] == {"ok": 0.5, "timeout": 0.5}
+    assert (tmp_path / "gen.metrics.json").exists()  # next to the data when no output_path is set
+
+
+def test_grading_in_process_and_a_custom_scorer(tmp_path):
+    reward = tmp_path / "reward.py"
+    reward.write_text("def by_length(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float(len(solution_str) > 3)\n")
+    rows = [{"data_source": "toy", "reward_model": {"ground_truth": ""}, "responses": ["long answer", "ab"]}]
+    data = tmp_path / "toy.parquet"
+    pd.DataFrame(rows).to_parquet(data)
+    metrics = run_eval(load_config("evaluation", [f"data.path={data}", "num_workers=0",
+                                                  f"custom_reward_function.path={reward}",
+                                                  "custom_reward_function.name=by_length"]))
+    assert metrics["toy"]["avg@2"] == 0.5 and metrics["toy"]["pass@2"] == 1.0
+    assert metrics["grading_status"] == {"scored": 1.0}
+
+
+@pytest.mark.parametrize(("rows", "overrides", "message"), [
+    ([{"data_source": "x", "reward_model": {"ground_truth": "1"}}], [], "data.response_key=responses: no such column"),
+    ([{"data_source": "x", "reward_model": {"ground_truth": "1"}, "out": ["a"]}], ["data.response_key=out",
+                                                                                   "data.data_source_key=src"],
+     "data.data_source_key=src: no such column"),
+    ([{"data_source": "x", "reward_model": {"ground_truth": "1"}, "responses": ["a"]},
+      {"data_source": "x", "reward_model": {"ground_truth": "1"}, "responses": ["a", "b"]}], [],
+     r"the same number of responses; found \[1, 2\]"),
+    ([{"data_source": "x", "reward_model": {"ground_truth": "1"}, "responses": [3]}], [],
+     "row 0: column 'responses' must hold a non-empty list of response strings"),
+    ([{"data_source": "x", "reward_model": "1", "responses": ["a"]}], [], "row 0: column 'reward_model' must be a"),
+])
+def test_bad_files_name_the_column_or_row(tmp_path, rows, overrides, message):
+    data = write_jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(ConfigError, match=message):
+        run_eval(load_config("evaluation", [f"data.path={data}", "num_workers=0", *overrides]))
+
+
+def test_cli_reports_a_missing_file(tmp_path, capsys):
+    assert main([f"data.path={tmp_path}/nothing.parquet"]) == 2
+    assert "data.path=" in capsys.readouterr().err

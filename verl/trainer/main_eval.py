@@ -1,0 +1,165 @@
+"""Offline scoring of responses already in a file: `python -m verl.trainer.main_eval data.path=gen.parquet k=v ...`.
+
+Each row of `data.path` holds a prompt's N responses (`data.response_key`, the `responses` column that
+main_generation writes); every response is graded by the scorer of the row's data source (or
+`custom_reward_function`) in `num_workers` worker processes, each under `timeout_s`, so code problems are graded in
+parallel and a grader that hangs costs one response its score, not the run. Reported, as main_generation does:
+avg@N and pass@k per data source (`verl/trainer/ppo/eval_metrics.py`), printed and written as JSON, plus the share of
+responses per grading status (`reward_status` of the code scorer: ok, wrong_answer, timeout, no_code_block, ...).
+
+Use it to re-grade a generation with other scorer settings, to grade generations made elsewhere (e.g. by vLLM), or
+to check a scorer against reference solutions. `run_eval(config)` does the job in-process and returns the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from verl.trainer.main_generation import DATA_SUFFIXES
+from verl.trainer.ppo.eval_metrics import compute_eval_metrics, format_metrics_table
+from verl.trainer.ppo.reward import default_score_fn, get_custom_reward_fn, grading_timeout_s
+from verl.utils.config import ConfigError, run_cli
+from verl.utils.dataset.rl_dataset import read_rows
+from verl.utils.timed_pool import TimedProcessPool
+
+STATUS_KEY = "reward_status"
+
+
+def _as_list(value: Any) -> Any:
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def load_responses(config: DictConfig) -> tuple[list[dict], list[list[str]]]:
+    """The rows of `data.path` and each row's responses; a ConfigError names the column or row at fault."""
+    data = config.data
+    if data.path is None:
+        raise ConfigError("data.path is not set; pass data.path=<file with a responses column>")
+    path = os.path.expanduser(data.path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"data.path={data.path}: file not found")
+    if not path.endswith(DATA_SUFFIXES):
+        raise ConfigError(f"data.path={data.path} must be a {'/'.join(DATA_SUFFIXES)} file")
+    rows = read_rows(path)
+    if not rows:
+        raise ConfigError(f"data.path={data.path} has no rows")
+    for key in ("response_key", "data_source_key", "reward_model_key"):
+        column = data[key]
+        if column not in rows[0]:
+            raise ConfigError(f"data.{key}={column}: no such column in {data.path} (columns: {sorted(rows[0])})")
+
+    responses = []
+    for i, row in enumerate(rows):
+        value = _as_list(row[data.response_key])
+        group = [value] if isinstance(value, str) else value
+        if not isinstance(group, list) or not group or not all(isinstance(r, str) for r in group):
+            raise ConfigError(f"{data.path} row {i}: column {data.response_key!r} must hold a non-empty list of "
+                              f"response strings, not {type(value).__name__}")
+        responses.append(group)
+    sizes = {len(group) for group in responses}
+    if len(sizes) != 1:
+        raise ConfigError(f"{data.path}: every row needs the same number of responses; found {sorted(sizes)}")
+    return rows, responses
+
+
+def grading_calls(config: DictConfig, rows: list[dict], responses: list[list[str]]) -> list[dict[str, Any]]:
+    """One keyword dict of `compute_score` per response, row by row."""
+    data = config.data
+    calls = []
+    for i, (row, group) in enumerate(zip(rows, responses)):
+        reward_model = row[data.reward_model_key]
+        if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
+            raise ConfigError(f"{data.path} row {i}: column {data.reward_model_key!r} must be a dict with "
+                              "'ground_truth' (data.reward_model_key)")
+        extra_info = row.get(data.extra_info_key) or {}
+        for response in group:
+            calls.append({"data_source": row[data.data_source_key], "solution_str": response,
+                          "ground_truth": _as_list(reward_model["ground_truth"]), "extra_info": extra_info})
+    return calls
+
+
+def grade(config: DictConfig, calls: list[dict[str, Any]]) -> tuple[list[float], list[str]]:
+    """(score, status) of every call, graded in worker processes; a failed or timed-out grading scores 0."""
+    compute_score = get_custom_reward_fn(config) or default_score_fn(config, is_eval=True)
+    num_workers = config.num_workers if config.num_workers is not None else min(8, os.cpu_count() or 1)
+    timeout_s = config.timeout_s if config.timeout_s is not None else grading_timeout_s(config)
+    if num_workers < 0 or timeout_s <= 0:
+        raise ConfigError(f"num_workers={num_workers} must be >= 0 and timeout_s={timeout_s} > 0")
+
+    if num_workers == 0:
+        results = [("ok", compute_score(**call)) for call in tqdm(calls, desc="grading", unit="response")]
+    else:
+        pool = TimedProcessPool(compute_score, num_workers=num_workers, timeout_s=timeout_s)
+        try:
+            results = []
+            chunk = max(num_workers * 4, 1)
+            with tqdm(total=len(calls), desc=f"grading ({num_workers} workers)", unit="response") as bar:
+                for start in range(0, len(calls), chunk):
+                    batch = pool.map(calls[start : start + chunk])
+                    results.extend((r.status, r.value) for r in batch)
+                    bar.update(len(batch))
+        finally:
+            pool.close()
+
+    scores, statuses = [], []
+    for status, value in results:
+        if status != "ok":
+            scores.append(0.0)
+            statuses.append(status)
+        elif isinstance(value, dict):
+            scores.append(float(value["score"]))
+            statuses.append(str(value.get(STATUS_KEY) or "scored"))
+        else:
+            scores.append(float(value))
+            statuses.append("scored")
+    return scores, statuses
+
+
+def run_eval(config: DictConfig) -> dict[str, dict[str, float]]:
+    """Grade, write the metrics JSON (and the scored rows when data.output_path is set); return the metrics."""
+    rows, responses = load_responses(config)
+    n_samples = len(responses[0])
+    calls = grading_calls(config, rows, responses)
+    scores, statuses = grade(config, calls)
+
+    prompt_ids = [i for i in range(len(rows)) for _ in range(n_samples)]
+    metrics = compute_eval_metrics([c["data_source"] for c in calls], prompt_ids, scores, n_samples)
+    counts = Counter(statuses)
+    metrics["grading_status"] = {status: counts[status] / len(statuses) for status in sorted(counts)}
+
+    data = config.data
+    if data.output_path is not None:
+        output_path = os.path.expanduser(data.output_path)
+        os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
+        source = os.path.expanduser(data.path)
+        table = pq.read_table(source) if source.endswith(".parquet") else pa.Table.from_pylist(rows)
+        table = table.drop_columns([name for name in ("scores",) if name in table.column_names])
+        grouped = [scores[i * n_samples : (i + 1) * n_samples] for i in range(len(rows))]
+        pq.write_table(table.append_column("scores", pa.array(grouped, type=pa.list_(pa.float64()))), output_path)
+    where = os.path.expanduser(data.metrics_path or os.path.splitext(data.output_path or data.path)[0] + ".metrics.json")
+    os.makedirs(os.path.dirname(os.path.abspath(where)), exist_ok=True)
+    with open(where, "w") as f:
+        json.dump(metrics, f, indent=2)
+
+    print(f"\n{data.path}: {len(rows)} prompts x {n_samples} responses")
+    print(format_metrics_table({k: v for k, v in metrics.items() if k != "grading_status"}))
+    print("grading status: " + ", ".join(f"{s} {share:.1%}" for s, share in metrics["grading_status"].items()))
+    print(f"wrote {where}" + (f" and {data.output_path}" if data.output_path else ""))
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli("evaluation", run_eval, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
