@@ -185,6 +185,11 @@ def need(condition: bool, message: str, problems: list[str]) -> None:
         problems.append(message)
 
 
+def uses_agent_loop(rollout: Any) -> bool:
+    """Whether generation runs the multi-turn tool loop: rollout.mode=sync_with_tool or multi_turn.enable."""
+    return rollout.mode == "sync_with_tool" or bool(OmegaConf.select(rollout, "multi_turn.enable"))
+
+
 def resolve_device(requested: str) -> str:
     """`trainer.device`: auto -> cuda when available, else cpu."""
     import torch
@@ -279,8 +284,18 @@ def validate_ppo_config(cfg: DictConfig) -> None:
           f"data.truncation={data.truncation!r} must be one of error, left, right, middle", problems)
     need(rollout.name in ("auto", "hf", "vllm"),
           f"actor_rollout_ref.rollout.name={rollout.name!r} must be one of auto, hf, vllm", problems)
-    need(rollout.mode in ("sync",),
-          f"actor_rollout_ref.rollout.mode={rollout.mode!r} is not available; use sync", problems)
+    need(rollout.mode in ("sync", "sync_with_tool"),
+          f"actor_rollout_ref.rollout.mode={rollout.mode!r} must be sync or sync_with_tool", problems)
+    if uses_agent_loop(rollout):
+        from verl.workers.rollout.agent_loop import BranchingConfig
+
+        try:
+            BranchingConfig.from_rollout_config(rollout)
+        except ValueError as err:
+            problems.append(str(err))
+        initial = rollout.initial_rollouts
+        need(initial is None or 1 <= initial <= n or rollout.beam_size == 1,
+             f"actor_rollout_ref.rollout.initial_rollouts={initial} must be between 1 and rollout.n={n}", problems)
 
     # Batch sizes. train_batch_size and ppo_mini_batch_size count prompts; each prompt has n responses.
     bsz, mini = data.train_batch_size, actor.ppo_mini_batch_size

@@ -20,8 +20,10 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint, save_rank_checkpoint
+from verl.utils.config import uses_agent_loop
 from verl.utils.fsdp_utils import build_optimizer, shard_model
 from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.rollout.agent_loop import build_agent_loop
 from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -133,6 +135,9 @@ class ActorRolloutRefWorker(Worker):
             engine_cls = get_rollout_cls(name)
             self.rollout = engine_cls(module=self._load_hf_model(), tokenizer=self.tokenizer,
                                       config=self.config.rollout, device=str(self._torch_device))
+            self.agent_loop = None
+            if uses_agent_loop(self.config.rollout):
+                self.agent_loop = build_agent_loop(self.rollout, self.tokenizer, self.config.rollout, self.rank)
             if self._is_actor:
                 self._sync_rollout_weights()
 
@@ -158,16 +163,23 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Sample one response per row of `prompts` (the driver repeats prompts n times beforehand)."""
+        """Sample one response per row of `prompts` (the driver repeats prompts n times beforehand); with the agent
+        loop, `meta_info["n"]` trajectories per row (the driver does not repeat: branches need their group)."""
         start = time.perf_counter()
-        output = generate_sequences(
-            self.rollout, prompts, self._sampling_params(prompts.meta_info),
-            response_length=self.config.rollout.response_length,
-            pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id,
-        )
+        params = self._sampling_params(prompts.meta_info)
+        length = self.config.rollout.response_length
+        if self.agent_loop is not None:
+            output = self.agent_loop.generate_sequences(
+                prompts, n=prompts.meta_info.get("n", 1), params=params, response_length=length,
+                pad_token_id=self.tokenizer.pad_token_id, branching=not prompts.meta_info.get("validate", False))
+        else:
+            output = generate_sequences(self.rollout, prompts, params, response_length=length,
+                                        pad_token_id=self.tokenizer.pad_token_id,
+                                        eos_token_id=self.tokenizer.eos_token_id)
         seconds = time.perf_counter() - start
         tokens = int(output.batch["response_mask"].sum())
-        output.meta_info["metrics"] = {"rollout/seconds": [seconds], "rollout/tokens_per_second": [tokens / seconds]}
+        metrics = output.meta_info.setdefault("metrics", {})
+        metrics.update({"rollout/seconds": [seconds], "rollout/tokens_per_second": [tokens / seconds]})
         return output
 
     # ------------------------------------------------------------------------------------------- log-probs

@@ -25,6 +25,7 @@ from verl.trainer.ppo.filters import filter_groups, overlong_filter, truncate_to
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, find_latest_ckpt_path, remove_old_checkpoints
+from verl.utils.config import uses_agent_loop
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
 from verl.utils.seqlen_balancing import balance_batch_partitions
@@ -138,11 +139,18 @@ class RayPPOTrainer:
         self.resource_pool.remove()
 
     # ------------------------------------------------------------------------------------------- phases
-    def _generate(self, gen_batch: DataProto) -> DataProto:
-        """Generate on the worker group, padding the batch to a multiple of the number of ranks."""
-        padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.n_ranks)
-        output = self.actor_rollout_wg.generate_sequences(padded)
-        return unpad_dataproto(output, pad_size)
+    def _generate(self, gen_batch: DataProto, n: int) -> DataProto:
+        """n responses per prompt from the worker group (adjacent), padding to a multiple of the number of ranks.
+
+        Plain sampling gets every prompt n times; the agent loop gets each prompt once with meta_info["n"], because
+        it makes a prompt's n trajectories together (branches of one another) on one rank.
+        """
+        if uses_agent_loop(self.config.actor_rollout_ref.rollout):
+            gen_batch.meta_info["n"] = n
+            padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.n_ranks)
+            return unpad_dataproto(self.actor_rollout_wg.generate_sequences(padded), pad_size * n)
+        padded, pad_size = pad_dataproto_to_divisor(gen_batch.repeat(n, interleave=True), self.n_ranks)
+        return unpad_dataproto(self.actor_rollout_wg.generate_sequences(padded), pad_size)
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder rows so that every rank gets about the same number of valid tokens (in place)."""
@@ -174,7 +182,7 @@ class RayPPOTrainer:
             batch = DataProto.from_single_dict(batch_dict)
             gen_batch = batch.pop(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
             gen_batch.meta_info["validate"] = True
-            output = self._generate(gen_batch.repeat(val_n, interleave=True))
+            output = self._generate(gen_batch, val_n)
             output.meta_info.pop("metrics", None)
             batch = batch.repeat(val_n, interleave=True).union(output)
             reward_tensor, extra_info = compute_reward(batch, self.val_reward_fn)
@@ -204,7 +212,7 @@ class RayPPOTrainer:
         gen_batch.meta_info["global_steps"] = self.global_steps
 
         with _timer("gen", timing):
-            output = self._generate(gen_batch.repeat(n, interleave=True))
+            output = self._generate(gen_batch, n)
         for key, values in output.meta_info.pop("metrics", {}).items():
             gen_metrics[key].extend(values)
         batch = batch.repeat(n, interleave=True).union(output)

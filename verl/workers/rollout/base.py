@@ -30,6 +30,8 @@ class SamplingParams:
     (-1 or 0 = off). max_tokens: generated tokens at most. stop: strings that end a completion. stop_token_ids: token
     ids that end a completion besides the tokenizer's EOS. include_stop_str_in_output: only affects decoded text (the
     token ids always keep the token that completed the stop string, as in vLLM). do_sample: False means greedy.
+    logprobs: also return, per generated token, the log-probs of the `logprobs` most likely tokens and of the sampled
+    one when it is not among them (vLLM's `logprobs`; ARPO's top-k entropy estimate reads them). None = not returned.
     """
 
     n: int = 1
@@ -41,6 +43,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     do_sample: bool = True
+    logprobs: int | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -53,6 +56,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1]")
         if self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens={self.max_tokens} must be at least 1")
+        if self.logprobs is not None and self.logprobs < 1:
+            raise ValueError(f"SamplingParams.logprobs={self.logprobs} must be at least 1 (or None)")
 
     @property
     def greedy(self) -> bool:
@@ -67,6 +72,8 @@ class CompletionOutput:
     log_probs, entropies: one float per token of `token_ids`, from the distribution the token was sampled from.
     finish_reason: "stop" (EOS, stop token or stop string) or "length" (hit max_tokens).
     stop_reason: the stop string matched, the stop token id matched from `stop_token_ids`, or None (EOS or length).
+    top_log_probs: with `SamplingParams.logprobs=k`, per token the log-probs of the top-k tokens plus the sampled
+    token's when it is not among them (k or k + 1 values); else None.
     """
 
     token_ids: list[int]
@@ -74,6 +81,7 @@ class CompletionOutput:
     entropies: list[float]
     finish_reason: str
     stop_reason: str | int | None
+    top_log_probs: list[list[float]] | None = None
 
 
 class RolloutEngine(ABC):
@@ -86,8 +94,14 @@ class RolloutEngine(ABC):
     """
 
     @abstractmethod
-    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[CompletionOutput]]:
-        """Complete every prompt `params.n` times; the result's i-th list belongs to the i-th prompt."""
+    def generate(
+        self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[list[CompletionOutput]]:
+        """Complete every prompt `params.n` times; the result's i-th list belongs to the i-th prompt.
+
+        A list gives each prompt its own params (as vLLM's `LLM.generate` takes them); the agent loop passes one per
+        trajectory, differing in `max_tokens` (each trajectory's remaining budget).
+        """
 
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -21,7 +21,7 @@ which this engine does not return.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -60,11 +60,13 @@ class _Completion:
     token_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
+    top_log_probs: list[list[float]] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 
     def to_output(self) -> CompletionOutput:
-        return CompletionOutput(self.token_ids, self.log_probs, self.entropies, self.finish_reason, self.stop_reason)
+        return CompletionOutput(self.token_ids, self.log_probs, self.entropies, self.finish_reason, self.stop_reason,
+                                self.top_log_probs)
 
 
 def _config_value(config, key: str, default=None):
@@ -113,23 +115,38 @@ class HFRollout(RolloutEngine):
 
     # ---- generation -------------------------------------------------------------------------------------------
 
-    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[CompletionOutput]]:
+    def generate(
+        self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[list[CompletionOutput]]:
+        """See `RolloutEngine.generate`. With a list of params, they may differ only in `max_tokens` (one sampler
+        serves the whole batch)."""
         for i, ids in enumerate(prompt_token_ids):
             if len(ids) == 0:
                 raise ValueError(f"prompt {i} is empty; HFRollout needs at least one prompt token")
-        requests = [list(ids) for ids in prompt_token_ids for _ in range(params.n)]
+        per_prompt = params if isinstance(params, list) else [params] * len(prompt_token_ids)
+        if len(per_prompt) != len(prompt_token_ids):
+            raise ValueError(f"{len(per_prompt)} sampling params for {len(prompt_token_ids)} prompts")
+        shared = per_prompt[0] if per_prompt else params
+        if any(replace(p, max_tokens=shared.max_tokens) != shared for p in per_prompt):
+            raise ValueError("HFRollout.generate: per-prompt sampling params may differ only in max_tokens")
+        requests = [list(ids) for ids in prompt_token_ids for _ in range(shared.n)]
+        max_tokens = [p.max_tokens for p in per_prompt for _ in range(shared.n)]
         micro_batch_size = self.micro_batch_size or max(len(requests), 1)
         self.module.eval()
         completions: list[CompletionOutput] = []
         with torch.no_grad():
             for start in range(0, len(requests), micro_batch_size):
-                completions.extend(self._generate_batch(requests[start : start + micro_batch_size], params))
-        return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompt_token_ids))]
+                end = start + micro_batch_size
+                completions.extend(self._generate_batch(requests[start:end], shared, max_tokens[start:end]))
+        return [completions[i * shared.n : (i + 1) * shared.n] for i in range(len(prompt_token_ids))]
 
-    def _generate_batch(self, requests: list[list[int]], params: SamplingParams) -> list[CompletionOutput]:
+    def _generate_batch(
+        self, requests: list[list[int]], params: SamplingParams, max_tokens: list[int]
+    ) -> list[CompletionOutput]:
         """Decode one micro-batch: prefill the left-padded prompts, then one token per step from the KV cache.
 
-        Rows leave the batch (and the cache) as soon as they finish, so finished rows cost no more compute.
+        Rows leave the batch (and the cache) as soon as they finish (row i after `max_tokens[i]` tokens at most),
+        so finished rows cost no more compute.
         """
         input_ids = pad_2d_list_to_tensor(requests, self.pad_token_id, left=True).to(self.device)
         attention_mask = pad_2d_list_to_tensor([[1] * len(r) for r in requests], 0, left=True).to(self.device)
@@ -143,11 +160,11 @@ class HFRollout(RolloutEngine):
         )
         cache, logits = out.past_key_values, out.logits[:, -1]
 
-        completions = [_Completion() for _ in requests]
+        completions = [_Completion(top_log_probs=[] if params.logprobs else None) for _ in requests]
         active = list(range(len(requests)))  # completions[active[j]] is row j of the current batch
         stop_window = self._stop_window(params)
-        for _ in range(params.max_tokens):
-            tokens, log_probs, entropies = self._sample(logits, params)
+        for _ in range(max(max_tokens)):
+            tokens, log_probs, entropies, top = self._sample(logits, params)
             keep = []
             for j, (token, log_prob, entropy) in enumerate(
                 zip(tokens.tolist(), log_probs.tolist(), entropies.tolist())
@@ -156,7 +173,9 @@ class HFRollout(RolloutEngine):
                 completion.token_ids.append(token)
                 completion.log_probs.append(log_prob)
                 completion.entropies.append(entropy)
-                if not self._finished(completion, params, stop_window):
+                if top is not None:
+                    completion.top_log_probs.append(self._top_entry(top, j, token, log_prob))
+                if not self._finished(completion, params, stop_window, max_tokens[active[j]]):
                     keep.append(j)
             if not keep:
                 break
@@ -178,7 +197,8 @@ class HFRollout(RolloutEngine):
         return [c.to_output() for c in completions]
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams):
-        """Next token, its log-prob and the distribution's entropy for each row. logits `(batch, vocab)`."""
+        """Next token, its log-prob, the distribution's entropy for each row and, with `params.logprobs=k`, the
+        top-k (log-probs, token ids) `(batch, k)` of the same distribution (else None). logits `(batch, vocab)`."""
         logits = logits.float()
         if params.greedy:
             tokens = logits.argmax(dim=-1)
@@ -186,7 +206,18 @@ class HFRollout(RolloutEngine):
             logits = logits / params.temperature
             probs = F.softmax(top_k_top_p_filter(logits, params.top_k, params.top_p), dim=-1)
             tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
-        return tokens, logprobs_from_logits(logits, tokens), entropy_from_logits(logits)
+        top = None
+        if params.logprobs:
+            top = torch.topk(logits.log_softmax(dim=-1), min(params.logprobs, logits.shape[-1]), dim=-1)
+        return tokens, logprobs_from_logits(logits, tokens), entropy_from_logits(logits), top
+
+    @staticmethod
+    def _top_entry(top, row: int, token: int, log_prob: float) -> list[float]:
+        """The top-k log-probs of one row, plus the sampled token's when it is not among them (as vLLM returns)."""
+        values = top.values[row].tolist()
+        if token not in top.indices[row].tolist():
+            values.append(log_prob)
+        return values
 
     # ---- stopping ---------------------------------------------------------------------------------------------
 
@@ -199,7 +230,7 @@ class HFRollout(RolloutEngine):
         """
         return max((len(s.encode("utf-8")) for s in params.stop or ()), default=0) + 1
 
-    def _finished(self, completion: _Completion, params: SamplingParams, stop_window: int) -> bool:
+    def _finished(self, completion: _Completion, params: SamplingParams, stop_window: int, max_tokens: int) -> bool:
         """Set the finish and stop reasons if the newest token ends the completion; return whether it did."""
         token = completion.token_ids[-1]
         if token in self.eos_token_ids:
@@ -211,7 +242,7 @@ class HFRollout(RolloutEngine):
             matched = next((s for s in params.stop if s in tail), None)
             if matched is not None:
                 completion.finish_reason, completion.stop_reason = "stop", matched
-        if completion.finish_reason is None and len(completion.token_ids) >= params.max_tokens:
+        if completion.finish_reason is None and len(completion.token_ids) >= max_tokens:
             completion.finish_reason = "length"
         return completion.finish_reason is not None
 
