@@ -30,6 +30,9 @@ DATA_SOURCE_TO_MODULE: dict[str, str] = {
     "livecodebench_v5": "code",
     "livecodebench_v6": "code",
     "humanevalplus": "code",
+    "deep_research": "deep_research",
+    "DR_grpo_mix": "deep_research",
+    "tool_arithmetic": "deep_research",
 }
 
 
