@@ -10,3 +10,14 @@ if [ "${TINY:-0}" = 1 ]; then
   VAL_N=1 VAL_TEMPERATURE=0 VAL_TOP_P=1.0 VAL_DO_SAMPLE=false
   LOGGER="[console]"
 fi
+# Agentic recipes (AGENTIC=1 before sourcing): the synthetic tool tasks (large-number arithmetic for the python tool,
+# made-up facts for the search tool) and their BM25 corpus, written once under the checkpoint folder.
+if [ "${TINY:-0}" = 1 ] && [ "${AGENTIC:-0}" = 1 ]; then
+  TOOL_DATA="${CKPTS_DIR}/tool_tasks"
+  if [ ! -f "$TOOL_DATA/corpus.jsonl" ]; then
+    "${PYTHON:-python3}" data/make_tool_tasks.py --out_dir "$TOOL_DATA" >/dev/null
+  fi
+  TRAIN_FILE="$TOOL_DATA/train.parquet" TEST_FILE="$TOOL_DATA/test.parquet"
+  SEARCH_BACKEND=bm25 SEARCH_CORPUS="$TOOL_DATA/corpus.jsonl" SEARCH_CACHE=null SEARCH_MAX_RESULTS=2
+  MAX_PROMPT_LENGTH=160 MAX_RESPONSE_LENGTH=128 INITIAL_ROLLOUTS=2 BEAM_SIZE=2
+fi

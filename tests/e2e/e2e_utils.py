@@ -46,3 +46,32 @@ def build_trainer(overrides, model_dir):
     trainer = RayPPOTrainer(cfg, tokenizer, train, val, reward_fn, val_reward_fn, device="cpu")
     trainer.init_workers()
     return trainer
+
+
+def prime_model(model_dir, out_dir, conversations, steps=150, lr=3e-3, seed=0):
+    """A copy of the model at `model_dir` fitted for a few steps to `conversations` ([(prompt text or chat messages,
+    response)], chat templated, loss on every token): a seconds-long cold start that makes the tiny model follow a format (call a
+    tool, answer in tags) so that tool rounds and branching happen in the end-to-end runs. Saved to `out_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="right")
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}] if isinstance(p, str) else list(p),
+                                           tokenize=False, add_generation_prompt=True) + r + tokenizer.eos_token
+             for p, r in conversations]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        rows = torch.randint(len(texts), (min(16, len(texts)),))
+        loss = model(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows],
+                     labels=labels[rows]).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return loss.item()

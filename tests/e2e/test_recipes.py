@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.e2e
 
@@ -42,3 +43,33 @@ def test_recipe_runs_in_tiny_mode(recipe, tmp_path):
             assert math.isfinite(s[key]), (key, s)
         assert s["actor/high_entropy_kl_loss_scale_coef"] == 0.0  # KL on low-entropy tokens only
     assert (tmp_path / "run" / "global_step_2" / "actor" / "fsdp_config.json").exists()
+
+
+# agentic recipe -> the settings its run must show
+AGENTIC_RECIPES = {
+    "ARPO_7B_Reasoning_1node.sh": {"branch_rule": "arpo", "loss_mode": "vanilla", "call_limit": 3},
+    "ARPO_8B_Deepsearch_1node.sh": {"branch_rule": "arpo", "loss_mode": "vanilla", "call_limit": 6},
+    "AEPO_Qwen3_14B_DeepResearch.sh": {"branch_rule": "aepo", "loss_mode": "aepo", "call_limit": 6},
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(AGENTIC_RECIPES))
+def test_agentic_recipe_runs_in_tiny_mode(recipe, tmp_path):
+    """The tool recipes on the synthetic tool tasks and a local BM25 corpus, with the python and search tools."""
+    env = {**os.environ, "TINY": "1", "PYTHON": sys.executable, "QUIVER_CACHE": str(tmp_path / "cache"),
+           "CKPTS_DIR_TINY": str(tmp_path / "run")}
+    result = subprocess.run(["bash", f"scripts/train/{recipe}", "trainer.val_before_train=false"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+    for s in steps:
+        for key in ("actor/pg_loss", "rollout/branches_per_prompt", "tools/calls_per_trajectory"):
+            assert math.isfinite(s[key]), (key, s)
+    config = OmegaConf.load(tmp_path / "run" / "config.yaml")  # the resolved config main_ppo writes
+    expected, rollout = AGENTIC_RECIPES[recipe], config.actor_rollout_ref.rollout
+    assert rollout.mode == "sync_with_tool" and rollout.beam_size == 2
+    assert rollout.branch_rule == expected["branch_rule"] and rollout.tools.call_limit == expected["call_limit"]
+    assert config.actor_rollout_ref.actor.policy_loss.loss_mode == expected["loss_mode"]
+    assert set(rollout.tools.tool_instances) == {"python", "search"}
+    assert (tmp_path / "run" / "tool_tasks" / "corpus.jsonl").exists()

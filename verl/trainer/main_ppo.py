@@ -59,12 +59,27 @@ def init_ray(config: DictConfig, device: str) -> None:
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env}, **ray_init)
 
 
+def save_resolved_config(config: DictConfig) -> str:
+    """Write the run's final config (every default and override resolved) to <default_local_dir>/config.yaml, the
+    record of what a run did; a resumed run rewrites it."""
+    out_dir = os.path.expanduser(config.trainer.default_local_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "config.yaml")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(OmegaConf.to_yaml(config, resolve=True))
+    os.replace(tmp, path)
+    print(f"[quiver] resolved config: {path}")
+    return path
+
+
 def run_ppo(config: DictConfig):
     """Validate, build everything and train. Returns the per-step metrics history."""
     device = resolve_device(config.trainer.device)
     validate_ppo_config(config)
     prepare_defaults(config)
     validate_ppo_config(config)
+    save_resolved_config(config)
 
     from transformers import AutoTokenizer
 

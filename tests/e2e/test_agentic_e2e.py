@@ -1,0 +1,126 @@
+"""End to end on CPU: ARPO and AEPO train through the tool loop with the real python tool in the sandbox.
+
+The tiny model first gets a seconds-long cold start on the tool-arithmetic demonstrations, so that it writes
+`<python>...</python>` calls: tool rounds, branches and loss masks are then exercised for real.
+"""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+from e2e_utils import build_trainer, prime_model
+
+from verl.utils.dataset.tool_tasks import ARITHMETIC_SOURCE, write_tool_task_files
+
+pytestmark = pytest.mark.e2e
+
+ACTOR, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+PYTHON_TOOL = [f"+{ROLLOUT}.tools.tool_instances.python.class_path=verl.workers.tools.python_tool.PythonTool",
+               f"+{ROLLOUT}.tools.tool_instances.python.params.timeout_s=5"]
+
+
+@pytest.fixture(scope="module")
+def tool_task(tiny_model_dir, tmp_path_factory):
+    """(primed model dir, data dir): tool-arithmetic rows only, and a model that calls the python tool."""
+    root = tmp_path_factory.mktemp("agentic")
+    files = write_tool_task_files(str(root / "all"), arithmetic_train=64, arithmetic_test=8, n_countries=2)
+    data_dir = root / "data"
+    data_dir.mkdir()
+    for split in ("train", "test"):
+        rows = pd.read_parquet(files[f"{split}.parquet"])
+        rows[rows["data_source"] == ARITHMETIC_SOURCE].to_parquet(data_dir / f"{split}.parquet")
+    train = pd.read_parquet(data_dir / "train.parquet")
+    conversations = [(list(p), info["response"]) for p, info in zip(train["prompt"], train["extra_info"])]
+    model_dir = str(root / "primed_model")
+    prime_model(tiny_model_dir, model_dir, conversations, steps=150)
+    return model_dir, str(data_dir)
+
+
+def agentic_overrides(model_dir, data_dir, out_dir, *extra):
+    """3 steps of 4 prompts x 4 trajectories (2 initial, the rest branches or refills) on 2 CPU ranks."""
+    return [
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/test.parquet",
+        "data.train_batch_size=4", "data.max_prompt_length=160", "data.max_response_length=128",
+        f"{ROLLOUT}.mode=sync_with_tool", f"{ROLLOUT}.n=4", f"{ROLLOUT}.initial_rollouts=2", f"{ROLLOUT}.beam_size=2",
+        f"{ROLLOUT}.branch_probability=0.9", f"{ROLLOUT}.entropy_weight=0.2", f"{ROLLOUT}.tools.call_limit=2",
+        *PYTHON_TOOL,
+        f"{ACTOR}.ppo_mini_batch_size=2", f"{ACTOR}.ppo_micro_batch_size_per_gpu=4", f"{ACTOR}.optim.lr=1e-4",
+        "trainer.n_gpus_per_node=2", "trainer.device=cpu", "trainer.total_training_steps=3",
+        "trainer.val_before_train=false", f"trainer.default_local_dir={out_dir}",
+        *extra,
+    ]
+
+
+def check_masks(trainer, batch):
+    """Tool results are attended to but out of the loss: every 0 inside a response is a result block that follows a
+    call. (The model may write result tags itself -- it saw them in its cold start -- and those it is trained on.)"""
+    tokenizer = trainer.tokenizer
+    response_len = batch.batch["responses"].shape[1]
+    attended = batch.batch["attention_mask"][:, -response_len:]
+    mask = batch.batch["response_mask"]
+    assert bool((mask <= attended).all())
+    results = 0
+    for ids, loss, seen in zip(batch.batch["responses"], mask, attended):
+        length = int(seen.sum())
+        assert bool(seen[:length].all())  # attended up to the end, tool results included
+        runs, start = [], 0
+        for k in range(1, length + 1):
+            if k == length or loss[k] != loss[start]:
+                runs.append((int(loss[start]), tokenizer.decode(ids[start:k])))
+                start = k
+        for i, (flag, text) in enumerate(runs):
+            if flag == 0:  # a result block, right after the model's call; only the budget may cut one short
+                results += 1
+                assert i > 0 and runs[i - 1][1].rstrip().endswith("</python>"), runs[i - 1][1]
+                assert text.lstrip().startswith("<result>\n"), text
+                assert text.endswith("\n</result>") or i == len(runs) - 1, text
+    return results
+
+
+def _fit(overrides, model_dir):
+    trainer = build_trainer(overrides, model_dir)
+    try:
+        before = trainer.actor_rollout_wg.weight_fingerprint()
+        history = trainer.fit()
+        after = trainer.actor_rollout_wg.weight_fingerprint()
+        batch = trainer._step(trainer._prompt_batches(), {}, {})
+    finally:
+        trainer.shutdown()
+    return trainer, history, batch, before, after
+
+
+def test_arpo_trains_three_steps_with_tools_and_branches(ray_session, tool_task, tmp_path):
+    model_dir, data_dir = tool_task
+    trainer, history, batch, before, after = _fit(agentic_overrides(model_dir, data_dir, tmp_path), model_dir)
+    assert [m["training/global_step"] for m in history] == [1, 2, 3]
+    for m in history:
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean"):
+            assert math.isfinite(m[key]), (key, m)
+        assert m["tools/calls_per_trajectory"] > 0 and m["tools/total_calls"] > 0
+        assert 0 < m["tools/result_token_fraction"] < 1
+    assert sum(m["rollout/branches_per_prompt"] for m in history) > 0
+    assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
+    # Exactly n trajectories per prompt, one uid per group, and masks that leave out every tool result.
+    uids = pd.Series(batch.non_tensor_batch["uid"]).value_counts()
+    assert set(uids) == {4}
+    assert check_masks(trainer, batch) > 0
+
+
+def test_aepo_trains_three_steps_with_dynamic_rollouts(ray_session, tool_task, tmp_path):
+    model_dir, data_dir = tool_task
+    overrides = agentic_overrides(
+        model_dir, data_dir, tmp_path, f"{ROLLOUT}.branch_rule=aepo", f"{ROLLOUT}.enable_dynamic_rollouts=true",
+        f"{ROLLOUT}.initial_entropy_tokens=10", f"{ACTOR}.enable_entropy_balanced_clipping=true",
+        f"{ACTOR}.enable_entropy_balanced_advantage=true")
+    trainer, history, batch, _, _ = _fit(overrides, model_dir)
+    assert trainer.config.actor_rollout_ref.actor.policy_loss.loss_mode == "aepo"
+    for m in history:
+        assert 1 <= m["rollout/dynamic_initial_rollouts_mean"] <= 4
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/pg_clipfrac_upper_rescaled", "rollout/h_tool_mean"):
+            assert math.isfinite(m[key]), (key, m)
+        assert m["tools/total_calls"] > 0
+    assert set(pd.Series(batch.non_tensor_batch["uid"]).value_counts()) == {4}
+    assert check_masks(trainer, batch) > 0
+    assert torch.isfinite(batch.batch["advantages"]).all()
