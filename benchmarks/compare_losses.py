@@ -71,6 +71,14 @@ def run(cmd: list[str], log_path: str, threads: int | None = None) -> None:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... failed (exit {result.returncode}); log {log_path}:\n{tail}")
 
 
+def merge_final(run_dir: str, step: int, log_path: str) -> str:
+    """Merge the run's checkpoint of `step` into an HF model under <run_dir>/merged; returns its path."""
+    merged = os.path.join(run_dir, "merged")
+    run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir",
+         os.path.join(run_dir, f"global_step_{step}", "actor"), "--target_dir", merged], log_path)
+    return merged
+
+
 def greedy_accuracy(model_dir: str, data_dir: str, out_path: str, log_path: str) -> float:
     run([sys.executable, "-m", "verl.trainer.main_generation", f"model.path={model_dir}",
          f"data.path={data_dir}/test.parquet", "trainer.device=cpu", f"rollout.response_length={RESPONSE_LENGTH}",
@@ -125,10 +133,7 @@ def train_loss(args: argparse.Namespace, seed: int, loss: str, sft_model: str, d
          "trainer.val_before_train=false", "trainer.resume_mode=disable", "trainer.project_name=compare_losses",
          f"trainer.experiment_name={loss}_seed{seed}", f"trainer.default_local_dir={run_dir}", *LOSSES[loss]], log)
     seconds = time.perf_counter() - start
-    merged = os.path.join(run_dir, "merged")
-    run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir",
-         os.path.join(run_dir, f"global_step_{args.rl_steps}", "actor"), "--target_dir", merged],
-        os.path.join(root, "logs", f"merge_{loss}.log"))
+    merged = merge_final(run_dir, args.rl_steps, os.path.join(root, "logs", f"merge_{loss}.log"))
     acc = greedy_accuracy(merged, data, os.path.join(run_dir, "greedy.parquet"),
                           os.path.join(root, "logs", f"eval_{loss}.log"))
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:

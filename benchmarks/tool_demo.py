@@ -24,7 +24,7 @@ import sys
 import time
 
 import pandas as pd
-from compare_losses import REPO, run
+from compare_losses import REPO, merge_final, run
 
 ROLLOUT, ACTOR = "actor_rollout_ref.rollout", "actor_rollout_ref.actor"
 TOOLS = ["tools.tool_instances.python.class_path=verl.workers.tools.python_tool.PythonTool",
@@ -115,10 +115,7 @@ def train(args: argparse.Namespace, method: str, sft_model: str, data: str) -> d
          "trainer.resume_mode=disable", "trainer.project_name=tool_demo", f"trainer.experiment_name={method}",
          f"trainer.default_local_dir={run_dir}", *overrides], os.path.join(root, "logs", f"rl_{method}.log"))
     seconds = time.perf_counter() - start
-    merged = os.path.join(run_dir, "merged")
-    run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir",
-         os.path.join(run_dir, f"global_step_{args.rl_steps}", "actor"), "--target_dir", merged],
-        os.path.join(root, "logs", f"merge_{method}.log"))
+    merged = merge_final(run_dir, args.rl_steps, os.path.join(root, "logs", f"merge_{method}.log"))
     result = greedy_eval(merged, data, os.path.join(run_dir, "greedy.parquet"),
                          os.path.join(root, "logs", f"eval_{method}.log"))
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:

@@ -75,3 +75,17 @@ def prime_model(model_dir, out_dir, conversations, steps=150, lr=3e-3, seed=0):
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return loss.item()
+
+
+def fit_trainer(overrides, model_dir, probe_step=False):
+    """Build, fit and shut down a trainer: (trainer, history, weight fingerprints before and after, and with
+    `probe_step` the batch of one more step after training, for checks on a real batch; else None)."""
+    trainer = build_trainer(overrides, model_dir)
+    try:
+        before = trainer.actor_rollout_wg.weight_fingerprint()
+        history = trainer.fit()
+        after = trainer.actor_rollout_wg.weight_fingerprint()
+        batch = trainer._step(trainer._prompt_batches(), {}, {}) if probe_step else None
+    finally:
+        trainer.shutdown()
+    return trainer, history, before, after, batch

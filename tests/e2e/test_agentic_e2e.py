@@ -9,7 +9,7 @@ import math
 import pandas as pd
 import pytest
 import torch
-from e2e_utils import build_trainer, prime_model
+from e2e_utils import fit_trainer, prime_model
 
 from verl.utils.dataset.tool_tasks import ARITHMETIC_SOURCE, write_tool_task_files
 
@@ -79,21 +79,10 @@ def check_masks(trainer, batch):
     return results
 
 
-def _fit(overrides, model_dir):
-    trainer = build_trainer(overrides, model_dir)
-    try:
-        before = trainer.actor_rollout_wg.weight_fingerprint()
-        history = trainer.fit()
-        after = trainer.actor_rollout_wg.weight_fingerprint()
-        batch = trainer._step(trainer._prompt_batches(), {}, {})
-    finally:
-        trainer.shutdown()
-    return trainer, history, batch, before, after
-
-
 def test_arpo_trains_three_steps_with_tools_and_branches(ray_session, tool_task, tmp_path):
     model_dir, data_dir = tool_task
-    trainer, history, batch, before, after = _fit(agentic_overrides(model_dir, data_dir, tmp_path), model_dir)
+    trainer, history, before, after, batch = fit_trainer(agentic_overrides(model_dir, data_dir, tmp_path),
+                                                         model_dir, probe_step=True)
     assert [m["training/global_step"] for m in history] == [1, 2, 3]
     for m in history:
         for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean"):
@@ -114,7 +103,7 @@ def test_aepo_trains_three_steps_with_dynamic_rollouts(ray_session, tool_task, t
         model_dir, data_dir, tmp_path, f"{ROLLOUT}.branch_rule=aepo", f"{ROLLOUT}.enable_dynamic_rollouts=true",
         f"{ROLLOUT}.initial_entropy_tokens=10", f"{ACTOR}.enable_entropy_balanced_clipping=true",
         f"{ACTOR}.enable_entropy_balanced_advantage=true")
-    trainer, history, batch, _, _ = _fit(overrides, model_dir)
+    trainer, history, _, _, batch = fit_trainer(overrides, model_dir, probe_step=True)
     assert trainer.config.actor_rollout_ref.actor.policy_loss.loss_mode == "aepo"
     for m in history:
         assert 1 <= m["rollout/dynamic_initial_rollouts_mean"] <= 4

@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from e2e_utils import build_trainer, tiny_overrides
+from e2e_utils import build_trainer, fit_trainer, tiny_overrides
 
 pytestmark = pytest.mark.e2e
 
@@ -28,21 +28,10 @@ LOSSES = {
 }
 
 
-def _fit(overrides, model_dir):
-    trainer = build_trainer(overrides, model_dir)
-    try:
-        before = trainer.actor_rollout_wg.weight_fingerprint()
-        history = trainer.fit()
-        after = trainer.actor_rollout_wg.weight_fingerprint()
-    finally:
-        trainer.shutdown()
-    return trainer, history, before, after
-
-
 @pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_seed_loss_trains(loss, ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
     extra, loss_metrics = LOSSES[loss]
-    trainer, history, before, after = _fit(
+    trainer, history, before, after, _ = fit_trainer(
         tiny_overrides(tiny_model_dir, arithmetic_data_dir, *SMALL, *extra, f"trainer.default_local_dir={tmp_path}"),
         tiny_model_dir)
     assert trainer.config.actor_rollout_ref.actor.policy_loss.loss_mode == loss  # the seed switch selected it

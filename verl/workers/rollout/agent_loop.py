@@ -59,7 +59,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from verl.utils.torch_functional import pad_2d_list_to_tensor
-from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, _unpadded_prompts
+from verl.workers.rollout.base import (
+    CompletionOutput,
+    RolloutEngine,
+    SamplingParams,
+    _unpadded_prompts,
+    layout_rollout_batch,
+)
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
@@ -383,32 +389,19 @@ def build_agent_loop(engine: RolloutEngine, tokenizer, rollout_config: Any, rank
 def assemble_batch(prompts: DataProto, groups: list[list[Trajectory]], n: int, response_length: int,
                    pad_token_id: int) -> DataProto:
     """The trainer's rollout batch from n trajectories per prompt (see `AgentLoop.generate_sequences`)."""
-    from verl.protocol import DataProto
-
     trajectories = [t for group in groups for t in group[:n]]
     prompts = prompts.repeat(repeat_times=n, interleave=True) if n > 1 else prompts
-    prompt_ids, prompt_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
-    prompt_pos, device = prompts.batch["position_ids"], prompts.batch["input_ids"].device
+    device = prompts.batch["input_ids"].device
 
     def pad(rows, value, dtype):
         return pad_2d_list_to_tensor(rows, value, max_length=response_length, dtype=dtype).to(device)
 
-    responses = pad([t.response for t in trajectories], pad_token_id, torch.long)
-    loss_mask = pad([t.mask for t in trajectories], 0, prompt_mask.dtype)
     lengths = torch.tensor([len(t.response) for t in trajectories], device=device)
-    attended = (torch.arange(response_length, device=device)[None, :] < lengths[:, None]).to(prompt_mask.dtype)
-    steps = torch.arange(1, response_length + 1, device=device, dtype=prompt_pos.dtype)
-    non_tensors = dict(prompts.non_tensor_batch)
-    non_tensors["finish_reason"] = [t.finish_reason for t in trajectories]
-    non_tensors["tool_calls"] = [t.calls for t in trajectories]
-    tensors = {
-        "prompts": prompt_ids,
-        "responses": responses,
-        "input_ids": torch.cat([prompt_ids, responses], dim=1),
-        "attention_mask": torch.cat([prompt_mask, attended], dim=1),
-        "position_ids": torch.cat([prompt_pos, prompt_pos[:, -1:] + steps[None, :]], dim=1),
-        "response_mask": loss_mask,
-        "rollout_log_probs": pad([t.log_probs for t in trajectories], 0.0, torch.float32),
-        "rollout_entropys": pad([t.entropies for t in trajectories], 0.0, torch.float32),
-    }
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
+    return layout_rollout_batch(
+        prompts, pad([t.response for t in trajectories], pad_token_id, torch.long),
+        attended=torch.arange(response_length, device=device)[None, :] < lengths[:, None],
+        response_mask=pad([t.mask for t in trajectories], 0, torch.long),
+        log_probs=pad([t.log_probs for t in trajectories], 0.0, torch.float32),
+        entropys=pad([t.entropies for t in trajectories], 0.0, torch.float32),
+        extra_non_tensors={"finish_reason": [t.finish_reason for t in trajectories],
+                           "tool_calls": [t.calls for t in trajectories]})

@@ -175,8 +175,6 @@ def generate_sequences(
     padding); every non-tensor entry of `prompts` repeated n times, plus object arrays `finish_reason` and
     `stop_reason`; `meta_info` copied from `prompts`.
     """
-    from verl.protocol import DataProto
-
     params = replace(params, max_tokens=min(params.max_tokens, response_length))
     outputs = [out for group in engine.generate(_unpadded_prompts(prompts), params) for out in group]
     if len(outputs) != len(prompts) * params.n:
@@ -186,9 +184,7 @@ def generate_sequences(
     if params.n > 1:
         prompts = prompts.repeat(repeat_times=params.n, interleave=True)
 
-    prompt_ids, prompt_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
-    prompt_pos = prompts.batch["position_ids"]
-    device = prompt_ids.device
+    device = prompts.batch["input_ids"].device
 
     def pad(rows, value, dtype):
         return pad_2d_list_to_tensor(rows, value, max_length=response_length, dtype=dtype).to(device)
@@ -196,26 +192,41 @@ def generate_sequences(
     responses = pad([o.token_ids for o in outputs], pad_token_id, torch.long)
     lengths = torch.tensor([len(o.token_ids) for o in outputs], device=device)
     is_generated = torch.arange(response_length, device=device)[None, :] < lengths[:, None]
-    # The EOS cut guards against an engine that returns tokens past EOS (tool-loop engines may).
-    response_mask = (is_generated & get_response_mask(responses, eos_token_id).bool()).to(prompt_mask.dtype)
-    log_probs = pad([o.log_probs for o in outputs], 0.0, torch.float32) * response_mask
-    entropys = pad([o.entropies for o in outputs], 0.0, torch.float32) * response_mask
+    # The EOS cut guards against an engine that returns tokens past EOS.
+    mask_dtype = prompts.batch["attention_mask"].dtype
+    response_mask = (is_generated & get_response_mask(responses, eos_token_id).bool()).to(mask_dtype)
+    return layout_rollout_batch(
+        prompts, responses, response_mask, response_mask,
+        log_probs=pad([o.log_probs for o in outputs], 0.0, torch.float32) * response_mask,
+        entropys=pad([o.entropies for o in outputs], 0.0, torch.float32) * response_mask,
+        extra_non_tensors={"finish_reason": [o.finish_reason for o in outputs],
+                           "stop_reason": [o.stop_reason for o in outputs]})
 
+
+def layout_rollout_batch(prompts: DataProto, responses: torch.Tensor, attended: torch.Tensor,
+                         response_mask: torch.Tensor, log_probs: torch.Tensor, entropys: torch.Tensor,
+                         extra_non_tensors: dict) -> DataProto:
+    """The trainer's rollout batch (keys in docs/internal_contracts.md) from prompts repeated to one row per response.
+
+    responses `(bs, response_len)` right padded; attended: 1 on every response token the model sees (the response's
+    part of `attention_mask`); response_mask: 1 on the tokens that train (equal to `attended` for plain sampling,
+    0 on tool results for the agent loop); log_probs, entropys: the engine's, 0 where nothing was sampled.
+    """
+    from verl.protocol import DataProto
+
+    prompt_ids, prompt_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+    prompt_pos = prompts.batch["position_ids"]
     # Response positions continue from each prompt's last position (also across right padding, which is masked).
-    steps = torch.arange(1, response_length + 1, device=device, dtype=prompt_pos.dtype)
-    response_pos = prompt_pos[:, -1:] + steps[None, :]
-
-    non_tensors = dict(prompts.non_tensor_batch)
-    non_tensors["finish_reason"] = [o.finish_reason for o in outputs]
-    non_tensors["stop_reason"] = [o.stop_reason for o in outputs]
+    steps = torch.arange(1, responses.shape[1] + 1, device=prompt_ids.device, dtype=prompt_pos.dtype)
     tensors = {
         "prompts": prompt_ids,
         "responses": responses,
         "input_ids": torch.cat([prompt_ids, responses], dim=1),
-        "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
-        "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
-        "response_mask": response_mask,
+        "attention_mask": torch.cat([prompt_mask, attended.to(prompt_mask.dtype)], dim=1),
+        "position_ids": torch.cat([prompt_pos, prompt_pos[:, -1:] + steps[None, :]], dim=1),
+        "response_mask": response_mask.to(prompt_mask.dtype),
         "rollout_log_probs": log_probs,
         "rollout_entropys": entropys,
     }
+    non_tensors = {**prompts.non_tensor_batch, **extra_non_tensors}
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
