@@ -49,6 +49,7 @@ in parallel; `beam_size` must be an integer.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
     from verl.protocol import DataProto
     from verl.workers.tools.manager import ToolManager
 
+logger = logging.getLogger(__name__)
 ENTROPY_MODES = ("topk", "exact")
 BRANCH_RULES = ("arpo", "aepo")
 RESULT_TEMPLATE = " <result>\n{}\n</result>"
@@ -381,6 +383,9 @@ def build_agent_loop(engine: RolloutEngine, tokenizer, rollout_config: Any, rank
     from verl.workers.tools.manager import ToolManager
 
     tools = ToolManager.from_config(rollout_config.get("tools"))
+    if tools is None and rank == 0:
+        logger.warning("rollout.mode=sync_with_tool but no tool is loaded (rollout.tools.tool_instances is empty or "
+                       "every tool failed to load): responses are generated without tool calls")
     seed = rollout_config.get("seed")
     return AgentLoop(engine, tokenizer, tools, BranchingConfig.from_rollout_config(rollout_config),
                      seed=None if seed is None else seed + 1_000_003 * rank)
