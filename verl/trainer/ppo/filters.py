@@ -129,3 +129,75 @@ def truncate_to_multiple(batch: DataProto, divisor: int) -> tuple[DataProto, int
         )
     dropped = len(batch) % divisor
     return batch.slice(0, len(batch) - dropped), dropped
+
+
+def group_stds(batch: DataProto, metric: str = "seq_reward") -> dict[object, float]:
+    """uid -> unbiased (n - 1) std of the group's `metric` values (NaN for a group of one)."""
+    values = group_metric_values(batch, metric)
+    by_uid: dict[object, list[float]] = {}
+    for uid, value in zip(batch.non_tensor_batch["uid"], values):
+        by_uid.setdefault(uid, []).append(float(value))
+    return {uid: float(np.std(v, ddof=1)) if len(v) > 1 else float("nan") for uid, v in by_uid.items()}
+
+
+class EmaStdFilter:
+    """RLPR's std filter with an EMA threshold (official implementation; spec rlpr.md sec. 5).
+
+    Steps count from 1. The mean group std m_s of step s is the mean of the finite per-group stds recorded in that
+    step (`record`). From step `ema_start_step` to `filter_start_step - 1` (warm-up: 6..10) nothing is filtered; at
+    the end of the warm-up E = mean(m_6..m_10), and after each later step E = rho E + (1 - rho) m_s, skipping
+    non-finite m_s. From `filter_start_step` on, a group is kept iff beta E <= sigma_g <= upper_bound and sigma_g is
+    finite. E only ever uses finished steps. Record the stds of every generated sub-batch before filtering (kept and
+    dropped groups count alike); during the warm-up, those of the training batch.
+    """
+
+    def __init__(self, beta: float = 0.5, ema_ratio: float = 0.99, ema_start_step: int = 6,
+                 filter_start_step: int = 11, upper_bound: float = 1e6, resume_ema_mean: float | None = None):
+        if not 0 <= ema_ratio < 1 or beta < 0 or not 1 <= ema_start_step < filter_start_step:
+            raise ValueError(f"EMA std filter: need 0 <= filter_ema_ratio={ema_ratio} < 1, std_filter_beta={beta} >= 0 "
+                             f"and 1 <= filter_ema_start_step={ema_start_step} < filter_start_step={filter_start_step}")
+        self.beta, self.ema_ratio, self.upper_bound = beta, ema_ratio, upper_bound
+        self.ema_start_step, self.filter_start_step = ema_start_step, filter_start_step
+        self.ema: float | None = resume_ema_mean
+        self.warmup_means: list[float] = []
+        self._step_values: dict[int, list[float]] = {}
+
+    def threshold(self, step: int) -> float | None:
+        """beta * E for step `step`, or None while no filtering happens."""
+        if step < self.filter_start_step or self.ema is None:
+            return None
+        return self.beta * self.ema
+
+    def record(self, step: int, stds) -> None:
+        finite = [float(s) for s in stds if np.isfinite(s)]
+        self._step_values.setdefault(step, []).extend(finite)
+
+    def keep(self, step: int, stds) -> np.ndarray:
+        """Boolean mask over groups: which to keep at `step`."""
+        stds = np.asarray(list(stds), dtype=np.float64)
+        tau = self.threshold(step)
+        if tau is None:
+            return np.ones(len(stds), dtype=bool)
+        return np.isfinite(stds) & (stds >= tau) & (stds <= self.upper_bound)
+
+    def end_step(self, step: int) -> float | None:
+        """Fold step `step`'s mean std into E; returns m_s (None when the step recorded nothing finite)."""
+        values = self._step_values.pop(step, [])
+        m = float(np.mean(values)) if values else None
+        if step < self.ema_start_step or m is None or not np.isfinite(m):
+            return m
+        if step < self.filter_start_step:
+            self.warmup_means.append(m)
+            if step == self.filter_start_step - 1 and self.ema is None:
+                self.ema = float(np.mean(self.warmup_means))
+        elif self.ema is None:
+            self.ema = m
+        else:
+            self.ema = self.ema_ratio * self.ema + (1 - self.ema_ratio) * m
+        return m
+
+    def state_dict(self) -> dict:
+        return {"ema": self.ema, "warmup_means": list(self.warmup_means)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ema, self.warmup_means = state["ema"], list(state["warmup_means"])
