@@ -133,6 +133,16 @@ class RayPPOTrainer:
         self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, name_prefix="actor_rollout",
                                                device=self.device)
         self.actor_rollout_wg.init_model()
+        for reward_fn in (self.reward_fn, self.val_reward_fn):
+            if hasattr(reward_fn, "attach_log_prob_fn"):  # RLPR's manager scores with the current actor
+                reward_fn.attach_log_prob_fn(self._actor_log_probs)
+
+    def _actor_log_probs(self, data: DataProto) -> torch.Tensor:
+        """`(bs, response_len)` log-probs of `data`'s responses under the current actor, at the rollout temperature,
+        batched like the old-log-prob pass (padded to a multiple of the number of ranks)."""
+        data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
+        padded, pad_size = pad_dataproto_to_divisor(data, self.n_ranks)
+        return unpad_dataproto(self.actor_rollout_wg.compute_log_prob(padded), pad_size).batch["old_log_probs"]
 
     def shutdown(self):
         self.actor_rollout_wg.shutdown()

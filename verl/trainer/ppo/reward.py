@@ -55,6 +55,10 @@ def default_score_fn(config: Any, is_eval: bool = False) -> Callable:
     return functools.partial(default_compute_score, **limits)
 
 
+# reward_model keys of the RLPR manager, passed to it as they are named.
+PROB_KEYS = ("format_mode", "compute_score_name", "reward_manager_shaping_function_name",
+             "reward_manager_discrete_function_name", "format_coefficient", "repetition_penalty",
+             "repetition_penalty_max_repetitions_limit", "use_debiasing")
 # Seconds a code sample's grading may take beyond the sandbox's own cap: interpreter start-up, harness, clean-up.
 _GRADING_MARGIN_S = 15.0
 _DEFAULT_GRADING_TIMEOUT_S = 30.0
@@ -76,10 +80,16 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: 
     dapo manager uses and the others ignore, and `timeout_s` (`grading_timeout_s`), used when grading in workers.
     """
     reward_model = _section(config, "reward_model")
-    manager_cls = get_reward_manager_cls(reward_model.get("reward_manager") or "naive")
+    name = reward_model.get("reward_manager") or "naive"
+    if is_eval and reward_model.get("val_reward_manager"):
+        name = reward_model.get("val_reward_manager")
+    manager_cls = get_reward_manager_cls(name)
     compute_score = get_custom_reward_fn(config) or default_score_fn(config, is_eval)
     defaults = {"max_resp_len": _section(config, "data").get("max_response_length"),
                 "overlong_buffer_cfg": reward_model.get("overlong_buffer"), "timeout_s": grading_timeout_s(config)}
+    if name == "prob":
+        defaults.update({key: reward_model[key] for key in PROB_KEYS if reward_model.get(key) is not None})
+        defaults["max_prompt_length"] = _section(config, "data").get("max_prompt_length")
     manager_kwargs = {**defaults, **kwargs, **dict(reward_model.get("reward_kwargs") or {})}
     return manager_cls(
         tokenizer=tokenizer,

@@ -3,6 +3,7 @@
 from verl.workers.reward_manager.dapo import DAPORewardManager  # importing it registers "dapo" and "wizard"
 from verl.workers.reward_manager.naive import NaiveRewardManager  # importing it registers "naive"
 from verl.workers.reward_manager.pool import BatchRewardManager, PoolRewardManager  # "pool", "prime", "batch"
+from verl.workers.reward_manager.prob import ProbRewardManager  # "prob" (RLPR)
 from verl.workers.reward_manager.registry import (
     REWARD_MANAGER_REGISTRY,
     get_reward_manager_cls,
@@ -15,6 +16,7 @@ __all__ = [
     "DAPORewardManager",
     "NaiveRewardManager",
     "PoolRewardManager",
+    "ProbRewardManager",
     "get_reward_manager_cls",
     "register_reward_manager",
 ]

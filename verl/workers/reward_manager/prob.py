@@ -1,0 +1,133 @@
+r"""RLPR's probability reward manager (`reward_model.reward_manager=prob`): no verifier, the policy scores itself.
+
+For every response the reference answer y* is spliced in place of the model's answer (`verl/utils/rlpr/splice.py`),
+the current actor scores the spliced sequences in a no-grad forward at the rollout temperature (the trainer attaches
+its log-prob pass with `attach_log_prob_fn`; it is batched like the old-log-prob pass), and
+
+    scoreB = agg(p(y* tokens))                         reward_model.compute_score_name
+    d      = bin(f(scoreB - scoreA))                   reward_model.reward_manager_shaping_function_name, ..._discrete_
+    R      = (1 - alpha) d + alpha F  (+ repetition)   reward_model.format_coefficient, format_mode, repetition_penalty
+
+(`verl/utils/rlpr/scoring.py`). scoreA (the debiasing term, the reference answer's probability without reasoning)
+comes from a `scoreA` column or `reward_model.scoreA` when `reward_model.use_debiasing`; a sample without one is an
+error that names it. Per-row columns: scoreB, scoreA, format, valid. Metrics: rlpr/scoreB_mean, rlpr/valid_fraction,
+rlpr/format_fraction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.rlpr.scoring import (
+    aggregate,
+    discretize,
+    final_reward,
+    format_reward,
+    repetition_penalty,
+    shaping_function,
+)
+from verl.utils.rlpr.splice import build_pr_batch, splice_reference, tokenize_spliced
+from verl.workers.reward_manager.naive import NaiveRewardManager, last_valid_position
+from verl.workers.reward_manager.registry import register_reward_manager
+
+
+def strip_padding(text: str, pad: str | None) -> str:
+    if pad:
+        while text.startswith(pad):
+            text = text[len(pad) :]
+        while text.endswith(pad):
+            text = text[: -len(pad)]
+    return text
+
+
+@register_reward_manager("prob")
+class ProbRewardManager(NaiveRewardManager):
+    def __init__(self, tokenizer: Any, num_examine: int, compute_score: Callable | None = None,
+                 reward_fn_key: str = "data_source", format_mode: str = "R1",
+                 compute_score_name: str = "mean_exp_log_softmax",
+                 reward_manager_shaping_function_name: str = "threshold_0",
+                 reward_manager_discrete_function_name: str = "identity", format_coefficient: float = 0.1,
+                 repetition_penalty: bool = False, repetition_penalty_max_repetitions_limit: int = 10,
+                 use_debiasing: bool = False, max_prompt_length: int = 1024, max_resp_len: int | None = None,
+                 **kwargs: Any):
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, max_resp_len=max_resp_len, **kwargs)
+        self.format_mode, self.aggregation = format_mode, compute_score_name
+        self.shape = shaping_function(reward_manager_shaping_function_name)
+        self.bin = discretize(reward_manager_discrete_function_name)
+        self.format_coefficient, self.use_debiasing = format_coefficient, use_debiasing
+        self.repetition, self.max_repetitions = repetition_penalty, repetition_penalty_max_repetitions_limit
+        self.max_prompt_length, self.max_response_length = max_prompt_length, max_resp_len
+        aggregate(torch.zeros(1, 1), torch.zeros(1, 1), compute_score_name)  # a wrong name fails at start-up
+        self.log_prob_fn: Callable[[DataProto], torch.Tensor] | None = None
+
+    def attach_log_prob_fn(self, fn: Callable[[DataProto], torch.Tensor]) -> None:
+        """`fn(batch) -> (bs, response_len)` log-probs of `batch["responses"]` under the current actor."""
+        self.log_prob_fn = fn
+
+    # ------------------------------------------------------------------------------------------------ scoring
+    def _texts(self, data: DataProto) -> tuple[list[str], list[str]]:
+        """Prompts and responses decoded with special tokens, padding removed, the response ending in EOS."""
+        pad, eos = self.tokenizer.pad_token, self.tokenizer.eos_token
+        prompt_len = data.batch["prompts"].shape[-1]
+        attention = data.batch["attention_mask"].bool()
+        prompts, responses = [], []
+        for ids, mask in zip(data.batch["input_ids"], attention):
+            prompts.append(self.tokenizer.decode(ids[:prompt_len][mask[:prompt_len]].tolist()))
+            response = strip_padding(self.tokenizer.decode(ids[prompt_len:][mask[prompt_len:]].tolist()), pad)
+            responses.append(response)
+        return prompts, [r if r.endswith(eos) else r + eos for r in responses]
+
+    def _score_a(self, data: DataProto) -> np.ndarray:
+        if not self.use_debiasing:
+            return np.zeros(len(data))
+        column = data.non_tensor_batch.get("scoreA")
+        values = []
+        for i, reward_model in enumerate(data.non_tensor_batch["reward_model"]):
+            value = column[i] if column is not None else (reward_model or {}).get("scoreA")
+            if value is None or not np.isfinite(float(value)):
+                index = (data.non_tensor_batch.get("extra_info", [None] * len(data))[i] or {}).get("index", i)
+                raise ValueError(f"sample {index} (row {i}) has no scoreA, and reward_model.use_debiasing=true; run "
+                                 "tools/compute_scoreA.py on the training file or set use_debiasing=false")
+            values.append(float(value))
+        return np.asarray(values)
+
+    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
+        if self.log_prob_fn is None:
+            raise RuntimeError("reward_model.reward_manager=prob needs the actor's log-prob pass: the trainer attaches "
+                               "it (attach_log_prob_fn); offline scoring of responses is not possible with it")
+        prompts, responses = self._texts(data)
+        truths = [str(rm["ground_truth"]) for rm in data.non_tensor_batch["reward_model"]]
+        response_len = self.max_response_length or data.batch["responses"].shape[-1]
+        rows = [tokenize_spliced(splice_reference(p, r, y, self.tokenizer.eos_token, self.format_mode),
+                                 self.tokenizer, self.max_prompt_length + response_len, response_len)
+                for p, r, y in zip(prompts, responses, truths)]
+        tensors = build_pr_batch(rows, self.tokenizer.pad_token_id, self.max_prompt_length + response_len,
+                                 response_len)
+        answer_mask = tensors.pop("answer_mask")
+        pr_batch = DataProto.from_dict(tensors=tensors, meta_info=dict(data.meta_info))
+        log_probs = self.log_prob_fn(pr_batch)
+        score_b = aggregate(log_probs.cpu(), answer_mask, self.aggregation).numpy()
+        score_a = self._score_a(data)
+
+        plain = [strip_padding(r, self.tokenizer.eos_token) for r in responses]
+        formats = [format_reward(r, self.format_mode) for r in plain]
+        rewards = []
+        for b, a, f, text in zip(score_b, score_a, formats, plain):
+            reward = final_reward(self.bin(self.shape(float(b) - float(a))), f, self.format_coefficient)
+            rewards.append(repetition_penalty(reward, text, self.max_repetitions) if self.repetition else reward)
+
+        response_mask = data.batch["attention_mask"][:, data.batch["prompts"].shape[-1] :]
+        reward_tensor = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
+        reward_tensor[torch.arange(len(data)), last_valid_position(response_mask)] = torch.tensor(rewards)
+        valid = [float(row["valid"]) for row in rows]
+        extra = {"scoreB": score_b.tolist(), "scoreA": score_a.tolist(), "format": formats, "valid": valid}
+        metrics = {"rlpr/scoreB_mean": float(np.mean(score_b)), "rlpr/valid_fraction": float(np.mean(valid)),
+                   "rlpr/format_fraction": float(np.mean(formats))}
+        if not return_dict:
+            return reward_tensor
+        return {"reward_tensor": reward_tensor, "reward_extra_info": extra, "reward_metrics": metrics}
