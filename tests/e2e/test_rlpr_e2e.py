@@ -65,11 +65,22 @@ def test_score_b_is_the_reference_probability_under_the_actor(ray_session, r1_mo
     assert checked >= 4  # the cold-started model answers in the R1 format often enough
 
 
-def test_rlpr_trains_three_steps(ray_session, r1_model, arithmetic_data_dir, tmp_path):
+def test_rlpr_trains_three_steps_with_the_ema_std_filter(ray_session, r1_model, arithmetic_data_dir, tmp_path):
+    """Step 1 warms the EMA up; steps 2 and 3 keep groups with std >= 0.5 * E and regenerate to fill the batch."""
     overrides = tiny_overrides(r1_model, arithmetic_data_dir, *PROB, "reward_model.repetition_penalty=true",
+                               "algorithm.filter_mode=ema_std", "algorithm.filter_ema_start_step=1",
+                               "algorithm.filter_start_step=2", "algorithm.std_filter_beta=0.5",
                                f"trainer.default_local_dir={tmp_path}")
-    _, history, before, after, _ = fit_trainer(overrides, r1_model)
+    trainer, history, before, after, _ = fit_trainer(overrides, r1_model)
     assert [m["training/global_step"] for m in history] == [1, 2, 3]
+    assert math.isnan(history[0]["batch/std_threshold"]) and history[0]["batch/std_mean"] > 0
+    for m in history[1:]:
+        assert m["batch/std_threshold"] > 0 and m["batch/num_gen_batches"] >= 1
+        assert m["batch/std_kept_groups"] + m["batch/std_dropped_groups"] == 8 * m["batch/num_gen_batches"]
+        assert m["batch/valid"] == 32  # refilled to data.train_batch_size groups of n=4
+    # E after step 2 folds in step 2's mean std: the threshold moves between steps.
+    assert history[2]["batch/std_threshold"] != history[1]["batch/std_threshold"]
+    assert trainer.std_filter.ema is not None
     for m in history:
         for key in ("actor/pg_loss", "actor/grad_norm", "rlpr/scoreB_mean", "rlpr/valid_fraction"):
             assert math.isfinite(m[key]), (key, m)

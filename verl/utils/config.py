@@ -252,6 +252,17 @@ def check_dapo_options(cfg: DictConfig, problems: list[str]) -> None:
     if groups.enable and groups.metric == "seq_final_reward":
         need(not cfg.algorithm.use_kl_in_reward, "algorithm.filter_groups.metric=seq_final_reward with "
              "algorithm.use_kl_in_reward is not supported (the filter runs before the reference model)", problems)
+    algo = cfg.algorithm
+    need(algo.filter_mode in ("default", "ema_std"),
+         f"algorithm.filter_mode={algo.filter_mode!r} must be default or ema_std", problems)
+    if algo.filter_mode == "ema_std":
+        need(not groups.enable, "set only one of algorithm.filter_groups.enable (DAPO) and algorithm.filter_mode="
+             "ema_std (RLPR)", problems)
+        need(0 <= algo.filter_ema_ratio < 1 and algo.std_filter_beta >= 0
+             and 1 <= algo.filter_ema_start_step < algo.filter_start_step,
+             f"algorithm: need 0 <= filter_ema_ratio={algo.filter_ema_ratio} < 1, std_filter_beta="
+             f"{algo.std_filter_beta} >= 0 and 1 <= filter_ema_start_step={algo.filter_ema_start_step} < "
+             f"filter_start_step={algo.filter_start_step}", problems)
     gen_bsz = cfg.data.gen_batch_size
     if gen_bsz is not None:
         need(isinstance(gen_bsz, int) and gen_bsz >= 1, f"data.gen_batch_size={gen_bsz} must be >= 1", problems)

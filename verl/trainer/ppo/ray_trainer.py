@@ -21,7 +21,7 @@ from tqdm import tqdm
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.filters import filter_groups, overlong_filter, truncate_to_multiple
+from verl.trainer.ppo.filters import EmaStdFilter, filter_groups, group_stds, overlong_filter, truncate_to_multiple
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, find_latest_ckpt_path, remove_old_checkpoints
@@ -94,6 +94,12 @@ class RayPPOTrainer:
         self._create_dataloader(train_dataset, val_dataset, collate_fn)
         self.global_steps = 0
         self.epoch = 0
+        algo = config.algorithm
+        self.std_filter = None
+        if algo.filter_mode == "ema_std":
+            self.std_filter = EmaStdFilter(algo.std_filter_beta, algo.filter_ema_ratio, algo.filter_ema_start_step,
+                                           algo.filter_start_step, resume_ema_mean=algo.resume_ema_mean)
+        self.prompt_cache: list[dict] = []  # single prompts of surplus kept groups, generated again later
 
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn):
         cfg = self.config
@@ -217,6 +223,7 @@ class RayPPOTrainer:
         """
         n = self.config.actor_rollout_ref.rollout.n
         batch = DataProto.from_single_dict(batch_dict)
+        self._prompt_keys = [key for key in batch_dict if key not in GEN_BATCH_KEYS]
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_batch = batch.pop(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
         gen_batch.meta_info["global_steps"] = self.global_steps
@@ -249,10 +256,12 @@ class RayPPOTrainer:
         n, want = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
         refill = cfg.algorithm.filter_groups
         filter_metric = refill.metric if refill.enable else "seq_reward"
+        ema, step = self.std_filter, self.global_steps
+        ema_active = ema is not None and ema.threshold(step) is not None
         gen_metrics, counts, generated = defaultdict(list), defaultdict(int), []
         batch, n_gen = None, 0
         while True:
-            batch_dict = next(prompt_batches, None)
+            batch_dict = self._next_prompts(prompt_batches)
             if batch_dict is None:
                 if batch is not None:
                     print(f"[filter_groups] the data ran out at {len(batch) // n} of {want} groups; training on them")
@@ -264,8 +273,16 @@ class RayPPOTrainer:
                 new, stats = filter_groups(new, filter_metric)
                 for key in ("kept_groups", "dropped_groups", "solve_all", "solve_none"):
                     counts[key] += stats[key]
+            if ema_active:  # every generated group counts towards the step's mean std, kept or not
+                stds = group_stds(new)
+                ema.record(step, stds.values())
+                keep = {uid for uid, kept in zip(stds, ema.keep(step, stds.values())) if kept}
+                rows = [i for i, uid in enumerate(new.non_tensor_batch["uid"]) if uid in keep]
+                counts["std_kept_groups"] += len(keep)
+                counts["std_dropped_groups"] += len(stds) - len(keep)
+                new = new[rows] if len(rows) < len(new) else new
             batch = new if batch is None else DataProto.concat([batch, new])
-            if not refill.enable or len(batch) >= want * n:
+            if not (refill.enable or ema_active) or len(batch) >= want * n:
                 break
             if 0 < refill.max_num_gen_batches <= n_gen:
                 raise RuntimeError(
@@ -276,8 +293,19 @@ class RayPPOTrainer:
                   "batches; generating another")
         if batch is None:
             return None
-        if refill.enable:
+        if ema_active and len(batch) > want * n and cfg.algorithm.filter_cache_regenerate:
+            self._cache_prompts(batch[want * n :], self._prompt_keys)
+        if refill.enable or ema_active:
             batch = batch[: want * n]
+        if ema is not None:
+            if not ema_active:  # warm-up: the training batch's group stds
+                ema.record(step, group_stds(batch).values())
+            metrics["batch/std_mean"] = ema.end_step(step)
+            metrics["batch/std_threshold"] = ema.threshold(step) if ema_active else float("nan")
+            metrics["batch/prompt_cache"] = len(self.prompt_cache)
+            if ema_active:
+                metrics.update({f"batch/{key}": counts.pop(key) for key in ("std_kept_groups", "std_dropped_groups")})
+                metrics["batch/num_gen_batches"] = n_gen
         if cfg.trainer.rejection_sample or refill.enable:
             metrics.update({f"batch/{key}": value for key, value in counts.items()})
             metrics["batch/num_gen_batches"] = n_gen
@@ -345,6 +373,9 @@ class RayPPOTrainer:
                             "dataloader": self.train_dataloader.state_dict()}
             if self.config.algorithm.use_kl_in_reward:
                 driver_state["kl_ctrl_value"] = self.kl_ctrl_in_reward.value
+            if self.std_filter is not None:
+                driver_state["std_filter"] = self.std_filter.state_dict()
+                driver_state["prompt_cache"] = self.prompt_cache
             torch.save(driver_state, os.path.join(tmp, "data.pt"))
         remove_old_checkpoints(root, self.config.trainer.max_actor_ckpt_to_keep)
         return os.path.join(root, f"global_step_{self.global_steps}")
@@ -375,6 +406,9 @@ class RayPPOTrainer:
         self.train_dataloader.load_state_dict(driver_state["dataloader"])
         if "kl_ctrl_value" in driver_state and self.config.algorithm.use_kl_in_reward:
             self.kl_ctrl_in_reward.value = driver_state["kl_ctrl_value"]
+        if "std_filter" in driver_state and self.std_filter is not None:
+            self.std_filter.load_state_dict(driver_state["std_filter"])
+            self.prompt_cache = driver_state["prompt_cache"]
 
     # ------------------------------------------------------------------------------------------- the loop
     def fit(self):
@@ -432,6 +466,30 @@ class RayPPOTrainer:
             progress.update(1)
         progress.close()
         return history
+
+    def _next_prompts(self, prompt_batches) -> dict | None:
+        """The next generation batch: from the cache of surplus prompts once it holds a whole batch, else the loader."""
+        batch_size = self.train_dataloader.batch_size
+        if len(self.prompt_cache) >= batch_size:
+            rows, self.prompt_cache = self.prompt_cache[:batch_size], self.prompt_cache[batch_size:]
+            return {key: (torch.stack([r[key] for r in rows]) if isinstance(rows[0][key], torch.Tensor)
+                          else np.array([r[key] for r in rows], dtype=object)) for key in rows[0]}
+        return next(prompt_batches, None)
+
+    def _cache_prompts(self, surplus: DataProto, batch_dict_keys: list[str]) -> None:
+        """Keep the prompts (one per group) of kept groups that did not fit in the batch, for a later generation."""
+        prompt_len = surplus.batch["prompts"].shape[1]
+        seen = set()
+        for i, uid in enumerate(surplus.non_tensor_batch["uid"]):
+            if uid in seen:
+                continue
+            seen.add(uid)
+            row = {"input_ids": surplus.batch["prompts"][i],
+                   "attention_mask": surplus.batch["attention_mask"][i, :prompt_len],
+                   "position_ids": surplus.batch["position_ids"][i, :prompt_len]}
+            row.update({key: surplus.non_tensor_batch[key][i] for key in batch_dict_keys
+                        if key in surplus.non_tensor_batch})
+            self.prompt_cache.append(row)
 
     def _prompt_batches(self):
         """Dataloader batches across epochs, from where a resumed dataloader left off; keeps self.epoch current."""
