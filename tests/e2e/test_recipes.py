@@ -73,3 +73,19 @@ def test_agentic_recipe_runs_in_tiny_mode(recipe, tmp_path):
     assert config.actor_rollout_ref.actor.policy_loss.loss_mode == expected["loss_mode"]
     assert set(rollout.tools.tool_instances) == {"python", "search"}
     assert (tmp_path / "run" / "tool_tasks" / "corpus.jsonl").exists()
+
+
+def test_rlpr_recipe_runs_in_tiny_mode(tmp_path):
+    env = {**os.environ, "TINY": "1", "PYTHON": sys.executable, "QUIVER_CACHE": str(tmp_path / "cache"),
+           "CKPTS_DIR_TINY": str(tmp_path / "run")}
+    result = subprocess.run(["bash", "scripts/train/run_rlpr_qwen2.5_7b.sh", "trainer.val_before_train=false"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+    for s in steps:
+        for key in ("actor/pg_loss", "rlpr/scoreB_mean", "rlpr/valid_fraction", "batch/std_mean"):
+            assert key in s and (math.isfinite(s[key]) or key == "batch/std_mean"), (key, s)
+    config = OmegaConf.load(tmp_path / "run" / "config.yaml")
+    assert config.reward_model.reward_manager == "prob" and config.algorithm.filter_mode == "ema_std"
+    assert config.actor_rollout_ref.actor.clip_ratio_high == 0.27
