@@ -88,3 +88,56 @@ def test_rlpr_trains_three_steps_with_the_ema_std_filter(ray_session, r1_model, 
     assert max(m["rlpr/valid_fraction"] for m in history) > 0
     assert max(m["critic/score/std"] for m in history) > 0  # the probability reward separates responses
     assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
+
+
+def test_rlpr_with_lora_trains_adapters_only(ray_session, r1_model, arithmetic_data_dir, tmp_path):
+    """LoRA: 3 RLPR steps; the base weights stay, the reference policy is the base model, and the merger writes
+    base + adapter (checked against peft loading the exported adapter)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from verl.model_merger import merge_checkpoint
+    from verl.model_merger.fsdp_model_merger import merged_state
+
+    overrides = tiny_overrides(r1_model, arithmetic_data_dir, *PROB, "actor_rollout_ref.model.lora_rank=8",
+                               "actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.actor.optim.lr=1e-2",
+                               "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.01",
+                               "trainer.save_freq=3", f"trainer.default_local_dir={tmp_path}")
+    _, history, _, _, batch = fit_trainer(overrides, r1_model, probe_step=True)
+    assert [m["training/global_step"] for m in history] == [1, 2, 3]
+    assert all(math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/kl_loss"]) for m in history)
+    # The rollout engine samples with the merged weights: its log-probs match the adapted actor's after each sync.
+    assert all(m["training/rollout_actor_logprob_diff_max"] < 1e-3 for m in history)
+
+    base = AutoModelForCausalLM.from_pretrained(r1_model).eval()
+    actor_dir = tmp_path / "global_step_3" / "actor"
+    state, _ = merged_state(str(actor_dir))
+    base_state = base.state_dict()
+    changed = []
+    for name, tensor in state.items():
+        hf_name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        if "lora_" in name:
+            changed.append(name)
+        else:
+            assert torch.equal(tensor, base_state[hf_name]), name  # frozen
+    assert any(state[n].abs().sum() > 0 for n in changed if "lora_B" in n)  # the adapters moved off zero
+
+    # The reference log-probs are the base model's.
+    prompt_len = batch.batch["prompts"].shape[1]
+    row = 0
+    mask = batch.batch["attention_mask"][row].bool()
+    ids = batch.batch["input_ids"][row][mask]
+    n_resp = int(mask[prompt_len:].sum())
+    with torch.no_grad():
+        logits = base(ids[None]).logits[0].float()
+    direct = torch.log_softmax(logits[-n_resp - 1 : -1], dim=-1).gather(-1, ids[-n_resp:, None]).squeeze(-1)
+    assert torch.allclose(batch.batch["ref_log_prob"][row, :n_resp], direct, atol=1e-4)
+
+    target = tmp_path / "merged"
+    merge_checkpoint(str(actor_dir), str(target), lora_adapter=True)
+    merged = AutoModelForCausalLM.from_pretrained(target).eval()
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(r1_model), str(target / "lora_adapter"))
+    probe = torch.randint(3, 500, (2, 10))
+    with torch.no_grad():
+        assert torch.allclose(merged(probe).logits, adapted.eval()(probe).logits, atol=1e-5)
+        assert not torch.allclose(merged(probe).logits, base(probe).logits, atol=1e-4)

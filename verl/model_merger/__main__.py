@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         )
     merge.add_argument("--target_dir", required=True, help="output directory (safetensors, config, tokenizer)")
     merge.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: the dtype of the shards")
+    merge.add_argument("--save_lora_adapter", action="store_true",
+                       help="LoRA runs: also write the adapter alone (peft format) to <target_dir>/lora_adapter")
     merge.add_argument("--hf_upload_path", default=None, help="not supported: Quiver never uploads to the Hub")
     merge.add_argument("--private", action="store_true", help="not supported (Hub upload)")
     test.add_argument("--test_hf_dir", required=True, help="reference HF model directory")
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         if args.command == "merge":
-            merge_checkpoint(args.local_dir, args.target_dir, args.dtype)
+            merge_checkpoint(args.local_dir, args.target_dir, args.dtype, args.save_lora_adapter)
             print(f"merged {args.local_dir} into {args.target_dir}")
             return 0
         ok, lines = compare_with_hf(args.local_dir, args.test_hf_dir, args.atol)

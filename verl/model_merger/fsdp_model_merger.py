@@ -18,6 +18,8 @@ import warnings
 import torch
 from tqdm import tqdm
 
+from verl.utils.lora import PEFT_PREFIX, adapter_items, merge_lora_items
+
 SHARD_FILE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -147,17 +149,51 @@ def build_hf_model(hf_dir: str, state_dict: dict[str, torch.Tensor], dtype: torc
     return model
 
 
-def merged_model(local_dir: str, dtype: str | None = None) -> torch.nn.Module:
+def fold_lora(local_dir: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A LoRA actor's state (peft names) as the base architecture's, every adapter folded into its weight."""
+    config_path = os.path.join(local_dir, "lora_adapter", "adapter_config.json")
+    if not os.path.exists(config_path):
+        raise CheckpointError(f"the shards hold LoRA adapters but {config_path} (their rank and alpha) is missing")
+    with open(config_path) as f:
+        config = json.load(f)
+    return dict(merge_lora_items(state.items(), config["lora_alpha"] / config["r"]))
+
+
+def merged_state(local_dir: str) -> tuple[dict[str, torch.Tensor], torch.dtype]:
+    """The full state dict of the checkpoint in `local_dir` (as saved: LoRA adapters not folded) and its dtype."""
+    shards = load_shards(local_dir, find_world_size(local_dir))
+    return merge_shards(shards), getattr(torch, shards[0].get("dtype", "float32"))
+
+
+def merged_model(local_dir: str, dtype: str | None = None, state=None) -> torch.nn.Module:
     """Load, merge and check the shards in `local_dir`; `dtype` None keeps the shards' dtype."""
-    world_size = find_world_size(local_dir)
-    shards = load_shards(local_dir, world_size)
-    torch_dtype = DTYPES[dtype] if dtype else getattr(torch, shards[0].get("dtype", "float32"))
-    return build_hf_model(os.path.join(local_dir, "huggingface"), merge_shards(shards), torch_dtype)
+    state, saved_dtype = state or merged_state(local_dir)
+    if any(name.startswith(PEFT_PREFIX) for name in state):
+        state = fold_lora(local_dir, state)
+    return build_hf_model(os.path.join(local_dir, "huggingface"), state, DTYPES[dtype] if dtype else saved_dtype)
 
 
-def merge_checkpoint(local_dir: str, target_dir: str, dtype: str | None = None) -> str:
-    """Write the merged model as safetensors plus the tokenizer and generation config to `target_dir`."""
-    model = merged_model(local_dir, dtype)
+def save_lora_adapter(local_dir: str, state: dict[str, torch.Tensor], target_dir: str) -> str:
+    """The adapter alone in peft's format (adapter_model.safetensors + adapter_config.json) under target_dir."""
+    from safetensors.torch import save_file
+
+    adapter = adapter_items(state)
+    if not adapter:
+        raise CheckpointError(f"--save_lora_adapter: the checkpoint in {local_dir} has no LoRA adapter")
+    os.makedirs(target_dir, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in adapter.items()},
+              os.path.join(target_dir, "adapter_model.safetensors"))
+    shutil.copy2(os.path.join(local_dir, "lora_adapter", "adapter_config.json"), target_dir)
+    return target_dir
+
+
+def merge_checkpoint(local_dir: str, target_dir: str, dtype: str | None = None, lora_adapter: bool = False) -> str:
+    """Write the merged model as safetensors plus the tokenizer and generation config to `target_dir` (and with
+    `lora_adapter`, a LoRA run's adapter alone to `target_dir/lora_adapter`)."""
+    state = merged_state(local_dir)
+    if lora_adapter:
+        save_lora_adapter(local_dir, state[0], os.path.join(target_dir, "lora_adapter"))
+    model = merged_model(local_dir, dtype, state)
     model.save_pretrained(target_dir, safe_serialization=True)
     hf_dir = os.path.join(local_dir, "huggingface")
     for name in sorted(os.listdir(hf_dir)):

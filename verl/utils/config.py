@@ -386,8 +386,15 @@ def validate_ppo_config(cfg: DictConfig) -> None:
         need(path is not None and os.path.isdir(os.path.expanduser(path)),
               f"trainer.resume_mode=resume_path needs trainer.resume_from_path to be a global_step_N directory "
               f"(got {path!r})", problems)
-    need(cfg.actor_rollout_ref.model.lora_rank == 0,
-          "actor_rollout_ref.model.lora_rank>0 (LoRA) is not available yet; set it to 0", problems)
+    model = cfg.actor_rollout_ref.model
+    need(isinstance(model.lora_rank, int) and model.lora_rank >= 0,
+         f"actor_rollout_ref.model.lora_rank={model.lora_rank} must be an integer >= 0 (0 = full fine-tuning)", problems)
+    if model.lora_rank > 0:
+        import importlib.util
+
+        need(importlib.util.find_spec("peft") is not None,
+             "actor_rollout_ref.model.lora_rank>0 needs the peft package: pip install peft", problems)
+        need(model.lora_alpha > 0, f"actor_rollout_ref.model.lora_alpha={model.lora_alpha} must be > 0", problems)
     need(not cfg.reward_model.enable, "reward_model.enable=true (a model reward) is not available yet", problems)
 
     # Files that must exist.

@@ -21,7 +21,9 @@ def shard_model(model: torch.nn.Module, mesh, device: str, fsdp_config=None) -> 
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if fsdp_config.get("param_offload") or fsdp_config.get("offload_policy"):
             kwargs["offload_policy"] = CPUOffloadPolicy()
-    layers = getattr(getattr(model, "model", None), "layers", None)
+    # A peft model wraps the HF model: its decoder layers are those of the base model.
+    hf_model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = getattr(getattr(hf_model, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no model.layers; FSDP2 wrapping expects a decoder-only HF "
                          "model such as Qwen2 or Llama")
@@ -37,7 +39,8 @@ def build_optimizer(model: torch.nn.Module, lr: float, betas, weight_decay: floa
     """AdamW plus a linear warmup followed by a constant or cosine learning rate (transformers' schedules)."""
     from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = torch.optim.AdamW(trainable, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
     if scheduler == "cosine":
         lr_scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             optimizer, num_warmup_steps=warmup_steps, num_training_steps=max(1, total_steps), num_cycles=num_cycles,

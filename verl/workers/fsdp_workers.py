@@ -6,6 +6,7 @@ methods through a RayWorkerGroup; DP_COMPUTE_PROTO methods receive this rank's s
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import os
@@ -22,6 +23,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint, save_rank_checkpoint
 from verl.utils.config import uses_agent_loop
 from verl.utils.fsdp_utils import build_optimizer, shard_model
+from verl.utils.lora import apply_lora, lora_scaling, merge_lora_items
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.rollout.agent_loop import build_agent_loop
 from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
@@ -118,14 +120,20 @@ class ActorRolloutRefWorker(Worker):
         model_cfg = self.config.model
         self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path or model_cfg.path),
                                                        trust_remote_code=model_cfg.trust_remote_code)
+        self._lora = model_cfg.lora_rank > 0
         if self._is_actor:
             model = self._load_hf_model()
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if self._lora:
+                model = apply_lora(model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules,
+                                   model_cfg.get("exclude_modules"))
             self.actor_module = shard_model(model, self._mesh, self.device, self.config.actor.fsdp_config)
             self.actor_optimizer, self.actor_lr_scheduler = self._build_optimizer(self.actor_module)
             self.actor = DataParallelPPOActor(self.config.actor, self.actor_module, self.actor_optimizer)
-        if self._is_ref:
+        if self._is_ref and self._lora:  # the base model is the actor with its adapter switched off
+            self.ref_policy = DataParallelPPOActor(self.config.ref, self.actor_module)
+        elif self._is_ref:
             ref_model = self._load_hf_model()
             ref_model.requires_grad_(False)
             self.ref_module = shard_model(ref_model, self._mesh, self.device, self.config.ref.fsdp_config)
@@ -144,7 +152,10 @@ class ActorRolloutRefWorker(Worker):
     def _sync_rollout_weights(self) -> float:
         """Push the actor's current weights into the rollout engine; returns the seconds it took."""
         start = time.perf_counter()
-        self.rollout.update_weights(full_state_dict_items(self.actor_module))
+        items = full_state_dict_items(self.actor_module)
+        if self._lora:  # the engine holds the base architecture: fold each adapter into its weight
+            items = merge_lora_items(items, lora_scaling(self.actor_module))
+        self.rollout.update_weights(items)
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------- generation
@@ -201,7 +212,8 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """`ref_log_prob` of the responses under the frozen reference model."""
         self._log_prob_meta(data, self.config.ref)
-        log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
+        with self.actor_module.disable_adapter() if self._lora else contextlib.nullcontext():
+            log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     # ---------------------------------------------------------------------------------------------- update
@@ -230,6 +242,8 @@ class ActorRolloutRefWorker(Worker):
         save_rank_checkpoint(local_path, self.rank, self.world_size, module, self.actor_optimizer,
                              self.actor_lr_scheduler, hf_config=module.config, tokenizer=self.tokenizer,
                              generation_config=module.generation_config)
+        if self._lora and self.rank == 0:  # what the merger needs to fold (or export) the adapter
+            module.peft_config["default"].save_pretrained(os.path.join(local_path, "lora_adapter"))
         torch.distributed.barrier()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
