@@ -41,12 +41,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="outputs/tool_demo")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sft-steps", type=int, default=400)
+    parser.add_argument("--sft-steps", type=int, default=800)
     parser.add_argument("--rl-steps", type=int, default=30)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--test-size", type=int, default=128)
+    parser.add_argument("--digits", type=int, nargs=2, default=[3, 2], help="digits of the two factors")
     return parser.parse_args(argv)
 
 
@@ -63,7 +64,8 @@ def prepare(args: argparse.Namespace) -> tuple[str, str]:
         os.path.join(root, "logs", "model.log"))
     everything = os.path.join(root, "all_tasks")
     run([sys.executable, "data/make_tool_tasks.py", "--out_dir", everything, "--arithmetic_train", "8192",
-         "--arithmetic_test", str(args.test_size), "--n_countries", "2", "--seed", str(args.seed)],
+         "--arithmetic_test", str(args.test_size), "--n_countries", "2", "--seed", str(args.seed),
+         "--operand_digits", *map(str, args.digits)],
         os.path.join(root, "logs", "data.log"))
     os.makedirs(data, exist_ok=True)
     for split in ("train", "test"):  # the arithmetic task only

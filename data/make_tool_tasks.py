@@ -21,10 +21,12 @@ def main() -> None:
     parser.add_argument("--n_countries", type=int, default=48, help="made-up countries (2 search questions each)")
     parser.add_argument("--search_max_results", type=int, default=2,
                         help="passages per search in the demonstrations (use the same in the search tool)")
+    parser.add_argument("--operand_digits", type=int, nargs=2, default=[4, 3], metavar=("A", "B"),
+                        help="digits of the two factors of the arithmetic questions")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     paths = write_tool_task_files(os.path.expanduser(args.out_dir), args.arithmetic_train, args.arithmetic_test,
-                                  args.n_countries, args.seed, args.search_max_results)
+                                  args.n_countries, args.seed, args.search_max_results, tuple(args.operand_digits))
     print("wrote " + ", ".join(paths.values()))
 
 

@@ -75,17 +75,24 @@ def test_agentic_recipe_runs_in_tiny_mode(recipe, tmp_path):
     assert (tmp_path / "run" / "tool_tasks" / "corpus.jsonl").exists()
 
 
-def test_rlpr_recipe_runs_in_tiny_mode(tmp_path):
+@pytest.mark.parametrize("recipe", ["run_rlpr_qwen2.5_7b.sh", "run_rlpr_qwen2.5_7b_lora.sh"])
+def test_rlpr_recipe_runs_in_tiny_mode(recipe, tmp_path):
     env = {**os.environ, "TINY": "1", "PYTHON": sys.executable, "QUIVER_CACHE": str(tmp_path / "cache"),
            "CKPTS_DIR_TINY": str(tmp_path / "run")}
-    result = subprocess.run(["bash", "scripts/train/run_rlpr_qwen2.5_7b.sh", "trainer.val_before_train=false"],
+    result = subprocess.run(["bash", f"scripts/train/{recipe}", "trainer.val_before_train=false"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
     for s in steps:
-        for key in ("actor/pg_loss", "rlpr/scoreB_mean", "rlpr/valid_fraction", "batch/std_mean"):
-            assert key in s and (math.isfinite(s[key]) or key == "batch/std_mean"), (key, s)
+        for key in ("actor/pg_loss", "rlpr/scoreB_mean", "rlpr/valid_fraction"):
+            assert math.isfinite(s[key]), (key, s)
     config = OmegaConf.load(tmp_path / "run" / "config.yaml")
-    assert config.reward_model.reward_manager == "prob" and config.algorithm.filter_mode == "ema_std"
-    assert config.actor_rollout_ref.actor.clip_ratio_high == 0.27
+    lora = recipe.endswith("_lora.sh")
+    assert config.reward_model.reward_manager == "prob"
+    assert config.algorithm.filter_mode == ("default" if lora else "ema_std")
+    assert config.actor_rollout_ref.actor.clip_ratio_high == (0.3 if lora else 0.27)
+    assert config.actor_rollout_ref.model.lora_rank == (64 if lora else 0)
+    if lora:
+        assert config.actor_rollout_ref.model.exclude_modules == ".*visual.*"
+        assert (tmp_path / "run" / "global_step_2" / "actor" / "lora_adapter" / "adapter_config.json").exists()

@@ -55,13 +55,14 @@ def _row(source: str, question: str, answer: str, split: str, index: int, respon
 
 
 # ---------------------------------------------------------------------------------------------- tool arithmetic
-def make_tool_arithmetic_rows(n: int, split: str = "train", seed: int = 0) -> list[dict]:
-    """`n` products a * b (a: 4 digits, b: 3 digits) of the split; each row's `extra_info.response` is a
+def make_tool_arithmetic_rows(n: int, split: str = "train", seed: int = 0,
+                              digits: tuple[int, int] = (4, 3)) -> list[dict]:
+    """`n` products a * b (a and b with `digits` digits) of the split; each row's `extra_info.response` is a
     demonstration that calls the python tool, `extra_info.direct` one that answers at once."""
     rng = random.Random(f"{ARITHMETIC_SOURCE}/{split}/{seed}")
     rows = []
     while len(rows) < n:
-        a, b = rng.randint(1000, 9999), rng.randint(100, 999)
+        a, b = (rng.randint(10 ** (d - 1), 10**d - 1) for d in digits)
         if split in ("train", "test") and _in_test(f"{a}*{b}", seed) != (split == "test"):
             continue
         product = str(a * b)
@@ -148,7 +149,8 @@ def sft_rows(rows: list[dict], seed: int = 0, tool_fraction: float = SFT_TOOL_FR
 
 
 def write_tool_task_files(out_dir: str, arithmetic_train: int = 512, arithmetic_test: int = 64,
-                          n_countries: int = 48, seed: int = 0, search_max_results: int = 2) -> dict[str, str]:
+                          n_countries: int = 48, seed: int = 0, search_max_results: int = 2,
+                          digits: tuple[int, int] = (4, 3)) -> dict[str, str]:
     """Write train.parquet and test.parquet (both tasks, shuffled), sft_train.parquet and corpus.jsonl under
     `out_dir`; returns their paths by name. Search demonstrations show what the BM25 search tool returns with
     `max_results=search_max_results` (give the tool the same setting in training)."""
@@ -162,7 +164,7 @@ def write_tool_task_files(out_dir: str, arithmetic_train: int = 512, arithmetic_
         f.writelines(json.dumps(row) + "\n" for row in make_search_corpus(world))
     search = SearchTool(corpus_path=paths["corpus.jsonl"], max_results=search_max_results).execute
     for split, size in (("train", arithmetic_train), ("test", arithmetic_test)):
-        rows = make_tool_arithmetic_rows(size, split, seed) + make_deep_search_rows(world, split, seed, search)
+        rows = make_tool_arithmetic_rows(size, split, seed, digits) + make_deep_search_rows(world, split, seed, search)
         random.Random(f"tool_tasks/{split}/{seed}").shuffle(rows)
         for index, row in enumerate(rows):
             row["extra_info"]["index"] = index
