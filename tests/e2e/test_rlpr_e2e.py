@@ -1,5 +1,6 @@
 """End to end on CPU: RLPR's probability reward scores responses with the current actor, and GRPO trains on it."""
 
+import json
 import math
 from collections import defaultdict
 
@@ -8,7 +9,9 @@ import pytest
 import torch
 from e2e_utils import build_trainer, fit_trainer, prime_model, tiny_overrides
 
+from verl.utils.rlpr.score_a import compute_score_a
 from verl.utils.rlpr.splice import splice_reference
+from verl.workers.reward_manager.prob import score_a_key
 
 pytestmark = pytest.mark.e2e
 
@@ -66,12 +69,24 @@ def test_score_b_is_the_reference_probability_under_the_actor(ray_session, r1_mo
 
 
 def test_rlpr_trains_three_steps_with_the_ema_std_filter(ray_session, r1_model, arithmetic_data_dir, tmp_path):
-    """Step 1 warms the EMA up; steps 2 and 3 keep groups with std >= 0.5 * E and regenerate to fill the batch."""
+    """Step 1 warms the EMA up; steps 2 and 3 keep groups with std >= 0.5 * E and regenerate to fill the batch;
+    rewards are debiased by scoreA computed online at the start."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     overrides = tiny_overrides(r1_model, arithmetic_data_dir, *PROB, "reward_model.repetition_penalty=true",
                                "algorithm.filter_mode=ema_std", "algorithm.filter_ema_start_step=1",
                                "algorithm.filter_start_step=2", "algorithm.std_filter_beta=0.5",
+                               "reward_model.use_debiasing=true", "reward_model.compute_scoreA_online=true",
                                f"trainer.default_local_dir={tmp_path}")
     trainer, history, before, after, _ = fit_trainer(overrides, r1_model)
+    # scoreA was computed once, with the initial weights, for every training prompt: as tools/compute_scoreA.py does.
+    table = json.loads((tmp_path / "scoreA.json").read_text())
+    assert len(table) == len(trainer.train_dataset)
+    tokenizer = AutoTokenizer.from_pretrained(r1_model)
+    item = trainer.train_dataset[0]
+    prompt, truth = tokenizer.decode(item["raw_prompt_ids"]), str(item["reward_model"]["ground_truth"])
+    offline = compute_score_a(AutoModelForCausalLM.from_pretrained(r1_model), tokenizer, [prompt], [truth])[0]
+    assert table[score_a_key(prompt, truth)] == pytest.approx(offline, abs=1e-4)
     assert [m["training/global_step"] for m in history] == [1, 2, 3]
     assert math.isnan(history[0]["batch/std_threshold"]) and history[0]["batch/std_mean"] > 0
     for m in history[1:]:

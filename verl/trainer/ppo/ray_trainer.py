@@ -7,6 +7,7 @@ prompts -> rollout -> reward -> old (and reference) log-probs -> advantage -> ac
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import time
 import uuid
@@ -32,6 +33,7 @@ from verl.utils.seqlen_balancing import balance_batch_partitions
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking, dump_generations
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
+from verl.workers.reward_manager.prob import score_a_key
 
 GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -142,6 +144,45 @@ class RayPPOTrainer:
         for reward_fn in (self.reward_fn, self.val_reward_fn):
             if hasattr(reward_fn, "attach_log_prob_fn"):  # RLPR's manager scores with the current actor
                 reward_fn.attach_log_prob_fn(self._actor_log_probs)
+
+    def _compute_online_score_a(self) -> None:
+        """RLPR's scoreA of every training prompt with the current (initial) actor, once; kept in
+        <run dir>/scoreA.json so that a resumed run reads it instead of recomputing."""
+        from verl.utils.rlpr.score_a import score_a_text
+        from verl.utils.rlpr.scoring import aggregate
+        from verl.utils.rlpr.splice import Spliced, build_pr_batch, tokenize_spliced
+
+        path = os.path.join(self.checkpoint_root, "scoreA.json")
+        manager = self.reward_fn
+        if os.path.exists(path):
+            with open(path) as f:
+                manager.score_a_table = json.load(f)
+            print(f"[rlpr] scoreA of {len(manager.score_a_table)} prompts read from {path}")
+            return
+        tok, width = self.tokenizer, self.config.data.max_response_length
+        table: dict[str, float] = {}
+        rows, keys = [], []
+        for i in tqdm(range(len(self.train_dataset)), desc="scoreA (initial weights)", unit="prompt"):
+            item = self.train_dataset[i]
+            prompt = tok.decode(item["raw_prompt_ids"])
+            truth = str(item["reward_model"]["ground_truth"])
+            text, span = score_a_text(prompt, truth, tok.eos_token)
+            rows.append(tokenize_spliced(Spliced(text, len(prompt), span, True), tok,
+                                         self.config.data.max_prompt_length, width))
+            keys.append(score_a_key(prompt, truth))
+        for start in range(0, len(rows), 64):
+            chunk = rows[start : start + 64]
+            tensors = build_pr_batch(chunk, tok.pad_token_id, self.config.data.max_prompt_length, width)
+            mask = tensors.pop("answer_mask")
+            log_probs = self._actor_log_probs(DataProto.from_dict(tensors=tensors))
+            for key, score in zip(keys[start : start + 64], aggregate(log_probs.cpu(), mask, manager.aggregation)):
+                table[key] = float(score)
+        manager.score_a_table = table
+        os.makedirs(self.checkpoint_root, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(table, f)
+        os.replace(path + ".tmp", path)
+        print(f"[rlpr] scoreA of {len(table)} prompts computed with the initial weights ({path})")
 
     def _actor_log_probs(self, data: DataProto) -> torch.Tensor:
         """`(bs, response_len)` log-probs of `data`'s responses under the current actor, at the rollout temperature,
@@ -414,6 +455,8 @@ class RayPPOTrainer:
     def fit(self):
         """Train for `total_training_steps`, logging one line of metrics per step and validating when asked."""
         cfg = self.config
+        if cfg.reward_model.get("compute_scoreA_online") and hasattr(self.reward_fn, "score_a_table"):
+            self._compute_online_score_a()  # from the initial weights, before a checkpoint replaces them
         self._load_checkpoint()
         if self.global_steps >= self.total_training_steps:
             print(f"[trainer] step {self.global_steps} of {self.total_training_steps} is done already: nothing to train")

@@ -36,6 +36,11 @@ from verl.workers.reward_manager.naive import NaiveRewardManager, last_valid_pos
 from verl.workers.reward_manager.registry import register_reward_manager
 
 
+def score_a_key(prompt_text: str, reference: str) -> str:
+    """Key of a (prompt, reference answer) pair in the table of scoreA computed online (the official code's)."""
+    return f"{prompt_text}\n\n\n{reference}"
+
+
 def strip_padding(text: str, pad: str | None) -> str:
     if pad:
         while text.startswith(pad):
@@ -64,6 +69,7 @@ class ProbRewardManager(NaiveRewardManager):
         self.max_prompt_length, self.max_response_length = max_prompt_length, max_resp_len
         aggregate(torch.zeros(1, 1), torch.zeros(1, 1), compute_score_name)  # a wrong name fails at start-up
         self.log_prob_fn: Callable[[DataProto], torch.Tensor] | None = None
+        self.score_a_table: dict[str, float] | None = None  # filled by the trainer (reward_model.compute_scoreA_online)
 
     def attach_log_prob_fn(self, fn: Callable[[DataProto], torch.Tensor]) -> None:
         """`fn(batch) -> (bs, response_len)` log-probs of `batch["responses"]` under the current actor."""
@@ -82,17 +88,20 @@ class ProbRewardManager(NaiveRewardManager):
             responses.append(response)
         return prompts, [r if r.endswith(eos) else r + eos for r in responses]
 
-    def _score_a(self, data: DataProto) -> np.ndarray:
+    def _score_a(self, data: DataProto, prompts: list[str] | None = None) -> np.ndarray:
         if not self.use_debiasing:
             return np.zeros(len(data))
         column = data.non_tensor_batch.get("scoreA")
         values = []
         for i, reward_model in enumerate(data.non_tensor_batch["reward_model"]):
             value = column[i] if column is not None else (reward_model or {}).get("scoreA")
+            if value is None and self.score_a_table is not None and prompts is not None:
+                value = self.score_a_table.get(score_a_key(prompts[i], str(reward_model["ground_truth"])))
             if value is None or not np.isfinite(float(value)):
                 index = (data.non_tensor_batch.get("extra_info", [None] * len(data))[i] or {}).get("index", i)
                 raise ValueError(f"sample {index} (row {i}) has no scoreA, and reward_model.use_debiasing=true; run "
-                                 "tools/compute_scoreA.py on the training file or set use_debiasing=false")
+                                 "tools/compute_scoreA.py on the training file, set reward_model."
+                                 "compute_scoreA_online=true, or set use_debiasing=false")
             values.append(float(value))
         return np.asarray(values)
 
@@ -112,7 +121,7 @@ class ProbRewardManager(NaiveRewardManager):
         pr_batch = DataProto.from_dict(tensors=tensors, meta_info=dict(data.meta_info))
         log_probs = self.log_prob_fn(pr_batch)
         score_b = aggregate(log_probs.cpu(), answer_mask, self.aggregation).numpy()
-        score_a = self._score_a(data)
+        score_a = self._score_a(data, prompts)
 
         plain = [strip_padding(r, self.tokenizer.eos_token) for r in responses]
         formats = [format_reward(r, self.format_mode) for r in plain]
