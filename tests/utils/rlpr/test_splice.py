@@ -73,3 +73,17 @@ def test_rows_too_long_for_the_limits_are_invalid_row_by_row(tiny_model_dir):
     first = batch["attention_mask"][0]
     assert first[:16].sum() == len(short["prompt_ids"]) and first[16:].sum() == len(short["response_ids"])
     assert batch["position_ids"][0, 16].item() == len(short["prompt_ids"])  # positions run on into the response
+
+
+def test_official_splicing_options(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tight = splice_reference("P:", "<think>r</think><answer>42\n</answer>", "7", EOS,
+                             allow_empty_leading_whitespaces=True, gt_tokens_one_more=True)
+    assert tight.text == f"P:<think>r</think><answer>7\n</answer>{EOS}"  # lw empty as written, tw the model's
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    spliced = splice_reference("Q", "<think>a</think><answer> 1 </answer>", "answer", EOS, gt_tokens_one_more=True)
+    row = tokenize_spliced(spliced, tokenizer, 32, 32, one_more=True)
+    marked = {m: [tokenizer.decode([t]) for t, mm in zip(row["response_ids"], row["answer_mask"]) if mm == m]
+              for m in (1, 2)}
+    assert marked[1] == [" answer"] and len(marked[2]) == 1  # the token right after y* is scored too

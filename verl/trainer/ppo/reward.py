@@ -58,7 +58,8 @@ def default_score_fn(config: Any, is_eval: bool = False) -> Callable:
 # reward_model keys of the RLPR manager, passed to it as they are named.
 PROB_KEYS = ("format_mode", "compute_score_name", "reward_manager_shaping_function_name",
              "reward_manager_discrete_function_name", "format_coefficient", "repetition_penalty",
-             "repetition_penalty_max_repetitions_limit", "use_debiasing")
+             "repetition_penalty_max_repetitions_limit", "use_debiasing", "allow_empty_leading_whitespaces",
+             "gt_tokens_one_more", "gt_tokens_one_more_adjusted")
 # Seconds a code sample's grading may take beyond the sandbox's own cap: interpreter start-up, harness, clean-up.
 _GRADING_MARGIN_S = 15.0
 _DEFAULT_GRADING_TIMEOUT_S = 30.0

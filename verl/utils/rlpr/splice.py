@@ -46,32 +46,45 @@ def is_valid(response: str, mode: str = "R1") -> bool:
     return True
 
 
-def splice_reference(prompt: str, response: str, reference: str, eos: str, mode: str = "R1") -> Spliced:
-    """The PR sequence of one response (decoded with special tokens, padding removed) and where y* sits in it."""
+def splice_reference(prompt: str, response: str, reference: str, eos: str, mode: str = "R1",
+                     allow_empty_leading_whitespaces: bool = False, gt_tokens_one_more: bool = False) -> Spliced:
+    """The PR sequence of one response (decoded with special tokens, padding removed) and where y* sits in it.
+
+    allow_empty_leading_whitespaces: keep an empty lw as written (else one space). gt_tokens_one_more: tw is the
+    model's whitespace before its `</answer>` (the official option that also scores the token after y*)."""
     valid = is_valid(response, mode)
+    trailing = " "
     if valid:
         answer_at = response.rindex("<answer>")
         after = response[answer_at + len("<answer>") :]
-        leading = re.match(r"\s*", after).group(0) or " "
+        leading = re.match(r"\s*", after).group(0)
+        leading = leading if leading or allow_empty_leading_whitespaces else " "
         head = response[:answer_at]
+        if gt_tokens_one_more and "</answer>" in after:
+            trailing = re.search(r"\s*$", after[: after.index("</answer>")]).group(0)
     else:  # a stand-in of the same shape, never scored
         leading, head = " ", ""
     start = len(prompt) + len(head)
     text = f"{prompt}{head}<answer>{leading}"
     span = (len(text), len(text) + len(reference))
-    text += f"{reference} </answer>{eos}"
+    text += f"{reference}{trailing}</answer>{eos}"
     return Spliced(text=text, response_start=start, answer_span=span, valid=valid)
 
 
-def tokenize_spliced(spliced: Spliced, tokenizer, max_prompt: int, max_response: int) -> dict:
+def tokenize_spliced(spliced: Spliced, tokenizer, max_prompt: int, max_response: int, one_more: bool = False) -> dict:
     """Token ids of the prompt part and the response part (split at the first token overlapping `<answer>`) and the
-    y* mask over the response part; a PR sequence longer than the limits is marked invalid (mask all zero)."""
+    y* mask over the response part; a PR sequence longer than the limits is marked invalid (mask all zero). With
+    `one_more` the token after y* is masked in too, marked 2 in the mask (the manager may cap its log-prob)."""
     encoded = tokenizer(spliced.text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
     split = next((i for i, (_, end) in enumerate(offsets) if end > spliced.response_start), len(ids))
     prompt_ids, response_ids = ids[:split], ids[split:]
     lo, hi = spliced.answer_span
     mask = [int(start < hi and end > lo) for start, end in offsets[split:]]
+    if one_more and 1 in mask:
+        after = len(mask) - mask[::-1].index(1)
+        if after < len(mask):
+            mask[after] = 2
     fits = len(prompt_ids) <= max_prompt and len(response_ids) <= max_response
     if not (spliced.valid and fits):
         mask = [0] * len(mask)

@@ -16,6 +16,7 @@ rlpr/format_fraction.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +60,8 @@ class ProbRewardManager(NaiveRewardManager):
                  reward_manager_discrete_function_name: str = "identity", format_coefficient: float = 0.1,
                  repetition_penalty: bool = False, repetition_penalty_max_repetitions_limit: int = 10,
                  use_debiasing: bool = False, max_prompt_length: int = 1024, max_resp_len: int | None = None,
-                 **kwargs: Any):
+                 allow_empty_leading_whitespaces: bool = False, gt_tokens_one_more: bool = False,
+                 gt_tokens_one_more_adjusted: bool = False, **kwargs: Any):
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, max_resp_len=max_resp_len, **kwargs)
         self.format_mode, self.aggregation = format_mode, compute_score_name
         self.shape = shaping_function(reward_manager_shaping_function_name)
@@ -69,6 +71,9 @@ class ProbRewardManager(NaiveRewardManager):
         self.max_prompt_length, self.max_response_length = max_prompt_length, max_resp_len
         aggregate(torch.zeros(1, 1), torch.zeros(1, 1), compute_score_name)  # a wrong name fails at start-up
         self.log_prob_fn: Callable[[DataProto], torch.Tensor] | None = None
+        self.splice_options = {"allow_empty_leading_whitespaces": allow_empty_leading_whitespaces,
+                               "gt_tokens_one_more": gt_tokens_one_more}
+        self.one_more_cap = gt_tokens_one_more_adjusted  # cap the extra token's log-prob at log 0.5
         self.score_a_table: dict[str, float] | None = None  # filled by the trainer (reward_model.compute_scoreA_online)
 
     def attach_log_prob_fn(self, fn: Callable[[DataProto], torch.Tensor]) -> None:
@@ -112,15 +117,19 @@ class ProbRewardManager(NaiveRewardManager):
         prompts, responses = self._texts(data)
         truths = [str(rm["ground_truth"]) for rm in data.non_tensor_batch["reward_model"]]
         response_len = self.max_response_length or data.batch["responses"].shape[-1]
-        rows = [tokenize_spliced(splice_reference(p, r, y, self.tokenizer.eos_token, self.format_mode),
-                                 self.tokenizer, self.max_prompt_length + response_len, response_len)
+        one_more = self.splice_options["gt_tokens_one_more"]
+        rows = [tokenize_spliced(splice_reference(p, r, y, self.tokenizer.eos_token, self.format_mode,
+                                                  **self.splice_options),
+                                 self.tokenizer, self.max_prompt_length + response_len, response_len, one_more)
                 for p, r, y in zip(prompts, responses, truths)]
         tensors = build_pr_batch(rows, self.tokenizer.pad_token_id, self.max_prompt_length + response_len,
                                  response_len)
         answer_mask = tensors.pop("answer_mask")
         pr_batch = DataProto.from_dict(tensors=tensors, meta_info=dict(data.meta_info))
-        log_probs = self.log_prob_fn(pr_batch)
-        score_b = aggregate(log_probs.cpu(), answer_mask, self.aggregation).numpy()
+        log_probs = self.log_prob_fn(pr_batch).cpu()
+        if self.one_more_cap:  # the token after y* (marked 2) counts at most log 0.5
+            log_probs = torch.where(answer_mask == 2, log_probs.clamp(max=math.log(0.5)), log_probs)
+        score_b = aggregate(log_probs, (answer_mask > 0).long(), self.aggregation).numpy()
         score_a = self._score_a(data, prompts)
 
         plain = [strip_padding(r, self.tokenizer.eos_token) for r in responses]
