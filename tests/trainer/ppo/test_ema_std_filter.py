@@ -50,3 +50,15 @@ def test_group_stds_are_unbiased_per_uid():
                                 non_tensors={"uid": np.array(["a", "a", "b", "b", "c"], dtype=object)})
     stds = group_stds(batch)
     assert stds["a"] == pytest.approx(math.sqrt(0.5)) and stds["b"] == 0.0 and math.isnan(stds["c"])
+
+
+def test_per_data_source_multipliers():
+    from verl.trainer.ppo.filters import parse_source_multipliers, scale_stds_by_source
+
+    assert parse_source_multipliers("math_is_1+web_qa_is_1.25") == {"math": 1.0, "web_qa": 1.25}
+    assert parse_source_multipliers(None) == {}
+    with pytest.raises(ValueError, match="'math=2' is not <data_source>_is_<x>"):
+        parse_source_multipliers("math=2")
+    batch = DataProto.from_dict(tensors={"x": torch.zeros(3, 1)}, non_tensors={
+        "uid": np.array(["a", "a", "b"], dtype=object), "data_source": np.array(["math", "math", "web"], dtype=object)})
+    assert scale_stds_by_source({"a": 0.4, "b": 0.4}, batch, {"math": 2.0}) == {"a": 0.8, "b": 0.4}

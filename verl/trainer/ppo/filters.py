@@ -201,3 +201,27 @@ class EmaStdFilter:
 
     def load_state_dict(self, state: dict) -> None:
         self.ema, self.warmup_means = state["ema"], list(state["warmup_means"])
+
+
+def parse_source_multipliers(spec: str | None) -> dict[str, float]:
+    """The official `std_filter_beta_per_data_source` form "srcA_is_1+srcB_is_1.25" -> {"srcA": 1.0, "srcB": 1.25}."""
+    multipliers = {}
+    for part in (spec or "").split("+"):
+        if not part:
+            continue
+        source, sep, value = part.rpartition("_is_")
+        try:
+            multipliers[source] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not source:
+            raise ValueError(f"algorithm.std_filter_beta_per_data_source={spec!r}: {part!r} is not <data_source>_is_<x>")
+    return multipliers
+
+
+def scale_stds_by_source(stds: dict, batch: DataProto, multipliers: dict[str, float], key: str = "data_source") -> dict:
+    """Each group's std times its data source's multiplier (1 for a source not listed)."""
+    if not multipliers:
+        return stds
+    source_of = dict(zip(batch.non_tensor_batch["uid"], batch.non_tensor_batch[key]))
+    return {uid: std * multipliers.get(source_of[uid], 1.0) for uid, std in stds.items()}

@@ -22,7 +22,15 @@ from tqdm import tqdm
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.filters import EmaStdFilter, filter_groups, group_stds, overlong_filter, truncate_to_multiple
+from verl.trainer.ppo.filters import (
+    EmaStdFilter,
+    filter_groups,
+    group_stds,
+    overlong_filter,
+    parse_source_multipliers,
+    scale_stds_by_source,
+    truncate_to_multiple,
+)
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, find_latest_ckpt_path, remove_old_checkpoints
@@ -101,6 +109,7 @@ class RayPPOTrainer:
         if algo.filter_mode == "ema_std":
             self.std_filter = EmaStdFilter(algo.std_filter_beta, algo.filter_ema_ratio, algo.filter_ema_start_step,
                                            algo.filter_start_step, resume_ema_mean=algo.resume_ema_mean)
+        self.std_multipliers = parse_source_multipliers(algo.get("std_filter_beta_per_data_source"))
         self.prompt_cache: list[dict] = []  # single prompts of surplus kept groups, generated again later
 
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn):
@@ -315,7 +324,7 @@ class RayPPOTrainer:
                 for key in ("kept_groups", "dropped_groups", "solve_all", "solve_none"):
                     counts[key] += stats[key]
             if ema_active:  # every generated group counts towards the step's mean std, kept or not
-                stds = group_stds(new)
+                stds = scale_stds_by_source(group_stds(new), new, self.std_multipliers, cfg.data.reward_fn_key)
                 ema.record(step, stds.values())
                 keep = {uid for uid, kept in zip(stds, ema.keep(step, stds.values())) if kept}
                 rows = [i for i, uid in enumerate(new.non_tensor_batch["uid"]) if uid in keep]
