@@ -255,6 +255,15 @@ class ActorRolloutRefWorker(Worker):
             self._sync_rollout_weights()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def node_info(self) -> dict[str, object]:
+        """Where this rank runs: its rank, Ray node id and host name."""
+        import socket
+
+        import ray
+
+        return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weight_fingerprint(self) -> dict[str, float]:
         """Sums of the actor's and the rollout engine's weights (used by tests to see updates and syncs)."""
         actor = sum(float(t.double().sum()) for _, t in full_state_dict_items(self.actor_module))

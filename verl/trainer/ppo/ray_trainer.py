@@ -150,6 +150,10 @@ class RayPPOTrainer:
         self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, name_prefix="actor_rollout",
                                                device=self.device)
         self.actor_rollout_wg.init_model()
+        self.rank_nodes = [info["node_id"] for info in self.actor_rollout_wg.node_info()]
+        if cfg.trainer.nnodes > 1:
+            where = ", ".join(f"rank {r}: node {node[:12]}" for r, node in enumerate(self.rank_nodes))
+            print(f"[trainer] {self.n_ranks} ranks on {len(set(self.rank_nodes))} nodes ({where})")
         for reward_fn in (self.reward_fn, self.val_reward_fn):
             if hasattr(reward_fn, "attach_log_prob_fn"):  # RLPR's manager scores with the current actor
                 reward_fn.attach_log_prob_fn(self._actor_log_probs)
