@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from verl.utils.dataset.tool_tasks import write_tool_task_files
+from verl.utils.dataset.tool_tasks import SFT_TOOL_FRACTION, write_tool_task_files
 
 
 def main() -> None:
@@ -23,10 +23,14 @@ def main() -> None:
                         help="passages per search in the demonstrations (use the same in the search tool)")
     parser.add_argument("--operand_digits", type=int, nargs=2, default=[4, 3], metavar=("A", "B"),
                         help="digits of the two factors of the arithmetic questions")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sft_tool_fraction", type=float, default=SFT_TOOL_FRACTION,
+                        help="share of the arithmetic SFT demonstrations that call the python tool (the rest answer "
+                             "at once); search demonstrations always use the tools")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the problems, the made-up facts and the split")
     args = parser.parse_args()
     paths = write_tool_task_files(os.path.expanduser(args.out_dir), args.arithmetic_train, args.arithmetic_test,
-                                  args.n_countries, args.seed, args.search_max_results, tuple(args.operand_digits))
+                                  args.n_countries, args.seed, args.search_max_results, tuple(args.operand_digits),
+                                  args.sft_tool_fraction)
     print("wrote " + ", ".join(paths.values()))
 
 

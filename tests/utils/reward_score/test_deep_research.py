@@ -29,6 +29,10 @@ def respond(answer: str = r"\boxed{Ostmar}", tools: str = SEARCH, think: str = "
     (respond(tools="<search>q <result>\nx\n</result></search>"), False),  # out of order
     (respond(tools="<result>\nx\n</result>"), False),  # a result without a call
     (respond(tools="<python>x</python> <result>\n1"), False),  # the result never closes
+    (respond(tools="<python>x</python>\n<answer>y</answer>"), False),  # truncated call, then a second answer
+    (respond(tools=SEARCH + "<python>print(1)</python>"), False),  # the second call's result never came
+    (respond(tools="<python>x</search> <result>\n1\n</result>"), False),  # closed with the wrong tag
+    (respond(answer=r"\fbox{Ostmar}"), False),  # the gate asks for \boxed, as the reference does
 ])
 def test_format_gate(response, ok):
     assert validate_format(response)[0] is ok
@@ -44,6 +48,11 @@ def test_format_gate(response, ok):
 ])
 def test_answer_extraction(answer, expected):
     assert extract_answer(respond(answer=answer)) == expected
+
+
+def test_an_unclosed_box_is_no_answer():
+    result = compute_score(respond(answer=r"\boxed{Ostmar"), "Ostmar")
+    assert result["score"] == -1.0 and result["answer"] is None
 
 
 def test_a_boxed_outside_the_answer_does_not_count():
@@ -62,6 +71,7 @@ def test_f1_by_hand():
 def test_scores_and_the_multi_tool_bonus():
     assert compute_score(respond(), "Ostmar") == {"score": 1.0, "reason": "correct", "answer": "Ostmar",
                                                   "f1_score": 1.0}
+    assert compute_score(respond(tools=PYTHON), "Ostmar")["score"] == 1.0  # one tool: no bonus
     both = compute_score(respond(tools=SEARCH + PYTHON), "Ostmar")
     assert both["score"] == pytest.approx(1.1)
     partial = compute_score(respond(answer=r"\boxed{Ostmar city}", tools=SEARCH + PYTHON), "Ostmar")
@@ -75,6 +85,32 @@ def test_best_of_several_ground_truths(truths):
     assert compute_score(respond(), truths)["f1_score"] == 1.0
 
 
-def test_dispatch_by_data_source():
-    for source in ("deep_research", "DR_grpo_mix", "tool_arithmetic"):
-        assert default_compute_score(source, respond(answer=r"\boxed{42}"), "42")["score"] == 1.0
+def test_the_best_ground_truth_is_taken_not_the_first():
+    response = respond(answer=r"\boxed{Ostmar old town}")
+    # "Ostmar": P 1/3, R 1 -> 1/2; "Ostmar town": P 2/3, R 1 -> 4/5; "Quell": 0
+    assert compute_score(response, ["Ostmar", "Ostmar town", "Quell"])["score"] == pytest.approx(4 / 5)
+
+
+@pytest.mark.parametrize(("truth", "expected"), [("[not json", 0.0), (42, 0.0), (["Ostmar", 7], 1.0), ([], 0.0)])
+def test_odd_ground_truths(truth, expected):
+    assert compute_score(respond(), truth)["score"] == expected
+
+
+def test_integer_answers_are_exact_up_to_punctuation():
+    assert compute_score(respond(answer=r"\boxed{1,817,577}"), "1817577")["score"] == 1.0
+    assert compute_score(respond(answer=r"\boxed{1817578}"), "1817577")["score"] == 0.0
+    assert compute_score(respond(answer=r"\boxed{1817577 apples}"), "1817577")["score"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("source", ["deep_research", "DR_grpo_mix", "tool_arithmetic"])
+def test_dispatch_by_data_source(source):
+    both = respond(answer=r"\boxed{42}", tools=SEARCH + PYTHON)
+    assert default_compute_score(source, both, "42", extra_info={"index": 0}) == compute_score(both, "42")
+    assert default_compute_score(source, both, "42")["score"] == pytest.approx(1.1)
+    assert default_compute_score(source, "no tags", "42")["score"] == -1.0
+
+
+def test_keyword_call_as_a_custom_reward_function():
+    # what the reward managers do with custom_reward_function.path pointing at deep_research.py
+    result = compute_score(data_source="DR_grpo_mix", solution_str=respond(), ground_truth="Ostmar", extra_info={})
+    assert result["score"] == 1.0

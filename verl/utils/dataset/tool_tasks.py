@@ -2,7 +2,8 @@ r"""Synthetic tasks where tools matter, for the agentic recipes' tiny CPU mode a
 
 Both tasks use the deep-research answer format (graded by `verl/utils/reward_score/deep_research.py`):
 `<think>...</think>`, tool calls `<python>code</python>` / `<search>query</search>` each followed by the tool's
-` <result>\n...\n</result>`, and the final `<answer>\boxed{...}</answer>`.
+` <result>\n...\n</result>`, and the final `<answer>\boxed{...}</answer>`. Every prompt is `SYSTEM_PROMPT` plus the
+question (`make_messages`); with the tiny tokenizer the prompts stay under 120 tokens.
 
 - **tool_arithmetic**: "What is 4821 * 377?" -- a product too long for a tiny model to work out in its head, one line
   of python for a model that delegates. SFT demonstrations (`sft_train.parquet`) answer part of the questions at once
@@ -11,8 +12,9 @@ Both tasks use the deep-research answer format (graded by `verl/utils/reward_sco
   (searched by the BM25 search tool): "What is the capital of Veltria?" needs search; "What is 3 times the population
   of Ostmar?" needs search and python (the multi-tool bonus applies).
 
-Rows follow verl's parquet schema (data_source, prompt, ability, reward_model.ground_truth, extra_info with the SFT
-target in `extra_info.response`). The split is by question hash, as in `arithmetic.py`.
+Rows follow verl's parquet schema (data_source, prompt, ability, reward_model.ground_truth, extra_info). The SFT
+targets are `extra_info.response` (the tool-using demonstration) and `extra_info.direct` (answer at once; arithmetic
+only, None for search questions); `tool_sft_text` picks one. The split is by question hash, as in `arithmetic.py`.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import random
 
 import pandas as pd
 
-SYSTEM_PROMPT = ("Think in <think></think>. To run code write <python>code</python>; to search write "
-                 "<search>query</search>; results come back in <result></result>. End with <answer>\\boxed{X}</answer>.")
+SYSTEM_PROMPT = ("Think in <think></think>; tools: <python>code</python>, <search>query</search>, output "
+                 "<result></result>; answer <answer>\\boxed{X}</answer>")
 ARITHMETIC_SOURCE = "tool_arithmetic"
 SEARCH_SOURCE = "deep_research"
 TEST_FRACTION = 0.125
@@ -35,11 +37,13 @@ _SYLLABLES = ("vel", "tri", "os", "mar", "qu", "ell", "dor", "an", "ka", "zi", "
 
 
 def make_messages(question: str) -> list[dict[str, str]]:
+    """The chat prompt of a question: the tool-format system prompt, then the question as the user turn."""
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
 
 def result_block(text: str) -> str:
-    """What the agent loop appends after a tool call (kept identical here so demonstrations match rollouts)."""
+    """What the agent loop appends after a tool call: `agent_loop.RESULT_TEMPLATE` (a test keeps the two equal; it is
+    not imported so that writing data does not import torch), so demonstrations look exactly like rollouts."""
     return f" <result>\n{text}\n</result>"
 
 
@@ -48,35 +52,53 @@ def _in_test(key: str, seed: int) -> bool:
     return int.from_bytes(digest[:8], "big") < TEST_FRACTION * 2**64
 
 
-def _row(source: str, question: str, answer: str, split: str, index: int, response: str, ability: str) -> dict:
+def _row(source: str, question: str, answer: str, split: str, index: int, response: str, direct: str | None,
+         ability: str) -> dict:
     return {"data_source": source, "prompt": make_messages(question), "ability": ability,
             "reward_model": {"style": "rule", "ground_truth": answer},
-            "extra_info": {"split": split, "index": index, "question": question, "response": response}}
+            "extra_info": {"split": split, "index": index, "question": question, "response": response,
+                           "direct": direct}}
+
+
+def tool_sft_text(row: dict, use_tool: bool = True) -> str:
+    """An SFT target of a row: the demonstration that calls the tools, or (`use_tool=False`, arithmetic rows only)
+    the one that answers at once."""
+    info = row["extra_info"]
+    if use_tool:
+        return info["response"]
+    if not info.get("direct"):
+        raise ValueError(f"row {info['question']!r} ({row['data_source']}) has no direct answer: it needs the tools")
+    return info["direct"]
 
 
 # ---------------------------------------------------------------------------------------------- tool arithmetic
 def make_tool_arithmetic_rows(n: int, split: str = "train", seed: int = 0,
                               digits: tuple[int, int] = (4, 3)) -> list[dict]:
-    """`n` products a * b (a and b with `digits` digits) of the split; each row's `extra_info.response` is a
-    demonstration that calls the python tool, `extra_info.direct` one that answers at once."""
+    """`n` distinct products a * b (a and b with `digits` digits) of the split ("train", "test", or anything else for
+    both); the same arguments always give the same rows."""
     rng = random.Random(f"{ARITHMETIC_SOURCE}/{split}/{seed}")
-    rows = []
+    rows, seen, draws = [], set(), 0
     while len(rows) < n:
+        draws += 1
+        if draws > 100 * n + 1000:
+            raise ValueError(f"found only {len(rows)} of n={n} distinct {split} products with digits={digits}; "
+                             "ask for fewer rows or more digits")
         a, b = (rng.randint(10 ** (d - 1), 10**d - 1) for d in digits)
-        if split in ("train", "test") and _in_test(f"{a}*{b}", seed) != (split == "test"):
+        question = f"What is {a} * {b}?"
+        if question in seen or (split in ("train", "test") and _in_test(f"{a}*{b}", seed) != (split == "test")):
             continue
+        seen.add(question)
         product = str(a * b)
         tool = (f"<think>Use python.</think>\n<python>print({a} * {b})</python>"
                 + result_block(product) + f"\n<answer>\\boxed{{{product}}}</answer>")
-        row = _row(ARITHMETIC_SOURCE, f"What is {a} * {b}?", product, split, len(rows), tool, "math")
-        row["extra_info"]["direct"] = f"<think>Answer now.</think>\n<answer>\\boxed{{{product}}}</answer>"
-        rows.append(row)
+        direct = f"<think>Answer now.</think>\n<answer>\\boxed{{{product}}}</answer>"
+        rows.append(_row(ARITHMETIC_SOURCE, question, product, split, len(rows), tool, direct, "math"))
     return rows
 
 
 # ---------------------------------------------------------------------------------------------- tiny deep search
 def make_world(n_countries: int = 48, seed: int = 0) -> list[dict]:
-    """Made-up countries with a capital and the capital's population (no model can know them)."""
+    """Made-up countries with a capital and the capital's population (no model can know them); all names distinct."""
     rng = random.Random(f"world/{seed}")
     names: set[str] = set()
 
@@ -91,69 +113,65 @@ def make_world(n_countries: int = 48, seed: int = 0) -> list[dict]:
             for _ in range(n_countries)]
 
 
+def _passages(index: int, entry: dict) -> tuple[dict, dict]:
+    """The two corpus rows of a country: its capital, and the capital's population."""
+    country, capital = entry["country"], entry["capital"]
+    return ({"id": f"c{index}", "title": country, "text": f"The capital of {country} is {capital}."},
+            {"id": f"p{index}", "title": capital, "text": f"{capital} has a population of {entry['population']} people."})
+
+
 def make_search_corpus(world: list[dict]) -> list[dict]:
-    """Two passages per country for the BM25 search tool: its capital, and the capital's population."""
-    corpus = []
-    for i, entry in enumerate(world):
-        corpus.append({"id": f"c{i}", "title": entry["country"],
-                       "text": f"The capital of {entry['country']} is {entry['capital']}."})
-        corpus.append({"id": f"p{i}", "title": entry["capital"],
-                       "text": f"{entry['capital']} has a population of {entry['population']} people."})
-    return corpus
+    """The BM25 search tool's corpus: rows {"id", "title", "text"}, two per country (`_passages`)."""
+    return [passage for i, entry in enumerate(world) for passage in _passages(i, entry)]
 
 
 def make_deep_search_rows(world: list[dict], split: str = "train", seed: int = 0, search=None) -> list[dict]:
     """Every question of the split: the capital of each country (search) and 3x its capital's population (search,
     then python). `search(query) -> result text` makes the demonstrations show what the search tool returns (pass
-    the BM25 SearchTool's execute); without it the demonstrations show the matching passage alone."""
+    the BM25 SearchTool's execute); without it they show the matching passage alone, as the tool formats it."""
     rows = []
-    for entry in world:
-        country, capital, population = entry["country"], entry["capital"], entry["population"]
-        questions = [
-            (f"What is the capital of {country}?", capital, f"capital of {country}", None),
-            (f"What is {MULTIPLIER} times the population of {capital}?", str(MULTIPLIER * population),
-             f"population of {capital}", f"print({MULTIPLIER} * {population})"),
+    for i, entry in enumerate(world):
+        capital_passage, population_passage = _passages(i, entry)
+        population = entry["population"]
+        questions = [  # (question, answer, search query, the passage that answers it, python code)
+            (f"What is the capital of {entry['country']}?", entry["capital"], f"capital of {entry['country']}",
+             capital_passage, None),
+            (f"What is {MULTIPLIER} times the population of {entry['capital']}?", str(MULTIPLIER * population),
+             f"population of {entry['capital']}", population_passage, f"print({MULTIPLIER} * {population})"),
         ]
-        for question, answer, query, code in questions:
+        for question, answer, query, passage, code in questions:
             if split in ("train", "test") and _in_test(question, seed) != (split == "test"):
                 continue
-            found = search(query) if search else f"Page 1: {_passage(entry, query)}"
-            response = (f"<think>Search it.</think>\n<search>{query}</search>" + result_block(found))
+            found = search(query) if search else f"Page 1: {passage['title']}: {passage['text']}"
+            response = f"<think>Search it.</think>\n<search>{query}</search>" + result_block(found)
             if code:
                 response += (f"\n<think>Multiply.</think>\n<python>{code}</python>"
                              + result_block(str(MULTIPLIER * population)))
             response += f"\n<answer>\\boxed{{{answer}}}</answer>"
-            row = _row(SEARCH_SOURCE, question, answer, split, len(rows), response, "qa")
-            row["extra_info"]["direct"] = None  # the same columns as the arithmetic rows
-            rows.append(row)
+            rows.append(_row(SEARCH_SOURCE, question, answer, split, len(rows), response, None, "qa"))
     return rows
-
-
-def _passage(entry: dict, query: str) -> str:
-    if query.startswith("capital"):
-        return f"{entry['country']}: The capital of {entry['country']} is {entry['capital']}."
-    return f"{entry['capital']}: {entry['capital']} has a population of {entry['population']} people."
 
 
 # ---------------------------------------------------------------------------------------------- files
 def sft_rows(rows: list[dict], seed: int = 0, tool_fraction: float = SFT_TOOL_FRACTION) -> list[dict]:
     """prompt + response rows for `verl.trainer.fsdp_sft_trainer`; arithmetic rows use the tool with probability
-    `tool_fraction`, otherwise they answer at once."""
+    `tool_fraction`, otherwise they answer at once; search rows always use the tools."""
     rng = random.Random(f"tool_tasks/sft/{seed}")
     out = []
     for row in rows:
-        info = row["extra_info"]
-        direct = bool(info.get("direct")) and rng.random() >= tool_fraction
-        out.append({"prompt": row["prompt"], "response": info["direct"] if direct else info["response"]})
+        use_tool = not row["extra_info"]["direct"] or rng.random() < tool_fraction
+        out.append({"prompt": row["prompt"], "response": tool_sft_text(row, use_tool)})
     return out
 
 
 def write_tool_task_files(out_dir: str, arithmetic_train: int = 512, arithmetic_test: int = 64,
                           n_countries: int = 48, seed: int = 0, search_max_results: int = 2,
-                          digits: tuple[int, int] = (4, 3)) -> dict[str, str]:
-    """Write train.parquet and test.parquet (both tasks, shuffled), sft_train.parquet and corpus.jsonl under
-    `out_dir`; returns their paths by name. Search demonstrations show what the BM25 search tool returns with
-    `max_results=search_max_results` (give the tool the same setting in training)."""
+                          digits: tuple[int, int] = (4, 3), sft_tool_fraction: float = SFT_TOOL_FRACTION
+                          ) -> dict[str, str]:
+    """Write train.parquet and test.parquet (both tasks, shuffled), sft_train.parquet (prompt, response: the train
+    rows' demonstrations, `sft_rows`) and corpus.jsonl under `out_dir`; returns their paths by file name. Search
+    demonstrations show what the BM25 search tool returns with `max_results=search_max_results` (give the tool the
+    same setting in training)."""
     from verl.workers.tools.search_tool import SearchTool
 
     os.makedirs(out_dir, exist_ok=True)
@@ -170,5 +188,5 @@ def write_tool_task_files(out_dir: str, arithmetic_train: int = 512, arithmetic_
             row["extra_info"]["index"] = index
         pd.DataFrame(rows).to_parquet(paths[f"{split}.parquet"], index=False)
         if split == "train":
-            pd.DataFrame(sft_rows(rows, seed)).to_parquet(paths["sft_train.parquet"], index=False)
+            pd.DataFrame(sft_rows(rows, seed, sft_tool_fraction)).to_parquet(paths["sft_train.parquet"], index=False)
     return paths

@@ -10,7 +10,16 @@ by the length limit fails); `\boxed` inside the answer. F1 is SQuAD's token F1 a
 punctuation, no articles, single spaces), the best over the ground truths; a yes / no / noanswer answer or ground truth
 counts only when both are the same word. The response text includes the tool results, as the trainer decodes it.
 
-Used for `data_source` deep_research, DR_grpo_mix (the seed's training set) and tool_arithmetic (Quiver's tool demo).
+Used for `data_source` deep_research, DR_grpo_mix (the seed's training set) and tool_arithmetic (Quiver's tool demo,
+`verl/utils/dataset/tool_tasks.py`). tool_arithmetic keeps this reward rather than a stricter exact match so that the
+demo trains on the reward the deep-research recipes use: its ground truth is one integer, so F1 is 1 exactly when the
+boxed answer is that integer alone ("1,234" counts, punctuation goes) and 0 for any other number; only extra words
+("1234 apples", F1 2/3) get partial credit. One caveat: the bonus looks for the closing tags, not for tools that ran,
+so in a python-only run a response that writes its own `<search>..</search> <result>..</result>` also gets +0.1.
+
+The reference's signature is compute_score(data_source, solution_str, ground_truth, extra_info); here data_source comes
+last, as in every module of this package (`default_compute_score` passes solution_str and ground_truth by position),
+and the reward managers pass everything by keyword, so `custom_reward_function.path` may also name this file.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from verl.utils.reward_score.math import last_boxed_only_string
 TOOL_TAGS = ("search", "python")
 MULTI_TOOL_BONUS = 0.1
 _YES_NO = {"yes", "no", "noanswer"}
+_PUNCTUATION = set(string.punctuation)
 _TAG = re.compile(r"</?(?:search|python|result)>")
 
 
@@ -65,7 +75,8 @@ def extract_answer(response: str) -> str | None:
 
 
 def normalize_text(text: str) -> str:
-    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    """SQuAD's answer normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
     text = re.sub(r"\b(a|an|the)\b", " ", text)
     return " ".join(text.split())
 
@@ -84,7 +95,7 @@ def f1_score(prediction: str, ground_truth: str) -> float:
 
 
 def ground_truth_list(ground_truth: Any) -> list[str]:
-    """A string, a list / array of strings, or a JSON-encoded list -> list of strings."""
+    """A string, a list / tuple / array of strings, a JSON-encoded list, or a number -> list of strings."""
     if isinstance(ground_truth, np.ndarray):
         ground_truth = ground_truth.tolist()
     if isinstance(ground_truth, str):
@@ -97,7 +108,9 @@ def ground_truth_list(ground_truth: Any) -> list[str]:
             if isinstance(parsed, list):
                 return [str(g) for g in parsed]
         return [ground_truth]
-    return [str(g) for g in ground_truth]
+    if isinstance(ground_truth, (list, tuple)):
+        return [str(g) for g in ground_truth]
+    return [str(ground_truth)]
 
 
 def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None,
@@ -110,7 +123,7 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None 
     answer = extract_answer(solution_str)
     if answer is None:
         return {"score": -1.0, "reason": "no \\boxed answer in <answer>", "answer": None, "f1_score": 0.0}
-    f1 = max(f1_score(answer, truth) for truth in ground_truth_list(ground_truth))
+    f1 = max((f1_score(answer, truth) for truth in ground_truth_list(ground_truth)), default=0.0)
     both_tools = all(f"</{tag}>" in solution_str for tag in TOOL_TAGS)
     score = f1 + MULTI_TOOL_BONUS if f1 > 0 and both_tools else f1
     reason = "correct" if f1 == 1.0 else "partial" if f1 > 0 else "wrong"
