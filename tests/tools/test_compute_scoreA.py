@@ -65,11 +65,13 @@ def test_an_interrupted_run_resumes(tiny_model_dir, rows, tmp_path, capsys):
 
 def test_missing_scoreA_names_the_sample():
     manager = ProbRewardManager.__new__(ProbRewardManager)
-    manager.use_debiasing = True
+    manager.use_debiasing, manager.score_a_table = True, None
     data = DataProto.from_dict(tensors={"x": torch.zeros(2, 1)}, non_tensors={
         "reward_model": np.array([{"ground_truth": "1", "scoreA": 0.2}, {"ground_truth": "2"}], dtype=object),
         "extra_info": np.array([{"index": 10}, {"index": 11}], dtype=object)})
     with pytest.raises(ValueError, match=r"sample 11 \(row 1\) has no scoreA"):
         manager._score_a(data)
-    data.non_tensor_batch["reward_model"][1]["scoreA"] = 0.4
-    assert manager._score_a(data).tolist() == [0.2, 0.4]
+    manager.score_a_table = {"P1\n\n\n2": 0.7}  # computed online, looked up by (prompt, reference)
+    assert manager._score_a(data, ["P0", "P1"]).tolist() == [0.2, 0.7]
+    data.non_tensor_batch["reward_model"][1]["scoreA"] = 0.4  # a value in the data wins
+    assert manager._score_a(data, ["P0", "P1"]).tolist() == [0.2, 0.4]
