@@ -48,6 +48,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--test-size", type=int, default=128)
     parser.add_argument("--digits", type=int, nargs=2, default=[3, 2], help="digits of the two factors")
+    parser.add_argument("--hidden-size", type=int, default=128, help="of the demo model")
+    parser.add_argument("--layers", type=int, default=4, help="of the demo model")
+    parser.add_argument("--sft-tool-fraction", type=float, default=0.5,
+                        help="share of SFT demonstrations that call the tool")
     return parser.parse_args(argv)
 
 
@@ -60,12 +64,13 @@ def prepare(args: argparse.Namespace) -> tuple[str, str]:
         return sft_model, data
     os.makedirs(os.path.join(root, "logs"), exist_ok=True)
     run([sys.executable, "tools/make_tiny_model.py", "--output_dir", model, "--seed", str(args.seed), "--hidden_size",
-         "128", "--num_layers", "4", "--num_heads", "4", "--num_kv_heads", "4", "--intermediate_size", "512"],
+         str(args.hidden_size), "--num_layers", str(args.layers), "--num_heads", "4", "--num_kv_heads", "4",
+         "--intermediate_size", str(4 * args.hidden_size)],
         os.path.join(root, "logs", "model.log"))
     everything = os.path.join(root, "all_tasks")
     run([sys.executable, "data/make_tool_tasks.py", "--out_dir", everything, "--arithmetic_train", "8192",
          "--arithmetic_test", str(args.test_size), "--n_countries", "2", "--seed", str(args.seed),
-         "--operand_digits", *map(str, args.digits)],
+         "--operand_digits", *map(str, args.digits), "--sft_tool_fraction", str(args.sft_tool_fraction)],
         os.path.join(root, "logs", "data.log"))
     os.makedirs(data, exist_ok=True)
     for split in ("train", "test"):  # the arithmetic task only
