@@ -1,7 +1,8 @@
-"""ToolManager: configuration forms and errors, concurrency, timeouts, retries, failures as text, metrics."""
+"""ToolManager: configuration forms and errors, concurrency, per-call timeouts, retries, failures as text, metrics."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -10,81 +11,52 @@ from omegaconf import OmegaConf
 
 from verl.workers.tools import BaseTool, ToolError, ToolManager
 from verl.workers.tools.python_tool import PythonTool
+from verl.workers.tools.search_tool import BingSearchTool, SearchTool
+
+PREFIX = "actor_rollout_ref.rollout.tools"
+PYTHON = "verl.workers.tools.python_tool.PythonTool"
+HYDRA_DEFAULTS = {"config_path": None, "call_limit": None, "max_workers": None, "timeout": None, "retry_count": None,
+                  "verbose_logging": None, "fail_on_error": None, "tool_instances": {}}
 
 
 class Sleepy(BaseTool):
+    """Sleeps `content` seconds (a float), then answers."""
+
     name = trigger_tag = "sleepy"
 
-    def __init__(self, seconds: float = 0.3):
-        self.seconds = seconds
-
     def execute(self, content):
-        time.sleep(float(content) if content else self.seconds)
+        time.sleep(float(content))
         return f"slept {content}"
 
 
-class Flaky(BaseTool):
-    """Fails transiently `failures` times, then answers; or fails deterministically with `hard`."""
+class Scripted(BaseTool):
+    """Fails transiently `transient` times, then follows `content`: "ok", "hard" (ToolError), "crash" (KeyError),
+    "empty" ("" returned), "blank" (whitespace returned)."""
 
-    name = trigger_tag = "flaky"
+    name = trigger_tag = "scripted"
 
-    def __init__(self, failures: int = 0, hard: bool = False, empty: bool = False):
-        self.failures, self.hard, self.empty, self.calls = failures, hard, empty, 0
+    def __init__(self, transient: int = 0):
+        self.transient, self.calls, self.closed = transient, 0, False
         self.lock = threading.Lock()
 
     def execute(self, content):
         with self.lock:
             self.calls += 1
             calls = self.calls
-        if self.hard:
-            raise ToolError("bad input")
-        if calls <= self.failures:
+        if calls <= self.transient:
             raise ToolError("network down", retryable=True)
-        if self.empty:
-            return ""
+        if content == "hard":
+            raise ToolError("bad input")
         if content == "crash":
             raise KeyError("oops")
-        return "fine"
+        return {"empty": "", "blank": " \n"}.get(content, f"done {content}")
 
-
-def manager(*tools, **settings):
-    return ToolManager(list(tools), **settings)
-
-
-def test_config_inline_yaml_file_and_seed_class_paths(tmp_path):
-    inline = {"call_limit": 3, "tool_instances": {
-        "python": {"class_path": "verl.workers.rollout.tools.python_tool.PythonTool", "params": {"timeout_s": 2}}}}
-    tools = ToolManager.from_config(OmegaConf.create(inline))
-    assert isinstance(tools.tools["python"], PythonTool) and tools.call_limit == 3
-    assert tools.stop_strings == ["</python>"] and tools.tools["python"].limits.wall_time_s == 2
-
-    path = tmp_path / "tools.yaml"
-    path.write_text("call_limit: 6\nretry_count: 4\ntool_instances:\n  python:\n"
-                    "    class_path: verl.workers.tools.python_tool.PythonTool\n")
-    from_file = ToolManager.from_config(str(path))
-    assert from_file.call_limit == 6 and from_file.retry_count == 4
-    # Inline keys override the file's; the YAML default null does not hide the file's value.
-    merged = ToolManager.from_config({"config_path": str(path), "call_limit": 2, "retry_count": None})
-    assert merged.call_limit == 2 and merged.retry_count == 4
-    assert ToolManager.from_config(None) is None and ToolManager.from_config({"tool_instances": {}}) is None
-
-
-def test_config_errors_name_the_key(tmp_path, caplog):
-    broken = {"tool_instances": {"calc": {"class_path": "no.such.Module"}}}
-    with pytest.raises(ValueError, match=r"tools.tool_instances.calc.*class_path=no.such.Module"):
-        ToolManager.from_config({**broken, "fail_on_error": True})
-    assert ToolManager.from_config(broken) is None  # skipped with a warning
-    assert "tool_instances.calc" in caplog.text
-    with pytest.raises(ValueError, match=r"tools.call_limit=0 must be a positive number"):
-        ToolManager.from_config({"call_limit": 0})
-    with pytest.raises(ValueError, match=r"unknown keys \['call_limt'\]"):
-        ToolManager.from_config({"call_limt": 3})
-    with pytest.raises(ValueError, match="config_path=.*no such file"):
-        ToolManager.from_config(str(tmp_path / "missing.yaml"))
+    def close(self):
+        self.closed = True
 
 
 class Meeting(BaseTool):
-    """Every call waits until `parties` calls are inside execute at once: only a concurrent run completes them."""
+    """Each call waits until `parties` calls are inside execute at once: only a concurrent run completes them."""
 
     name = trigger_tag = "meet"
 
@@ -96,54 +68,259 @@ class Meeting(BaseTool):
         return f"met {content}"
 
 
-def test_calls_run_concurrently_and_in_order():
-    tools = manager(Meeting(6), max_workers=8)
-    results = tools.run([("meet", str(i)) for i in range(6)])
+class Hang(BaseTool):
+    """Blocks until `release` is set (a tool that never returns on its own)."""
+
+    name = trigger_tag = "hang"
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def execute(self, content):
+        self.release.wait(30)
+        return "released"
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"text": "Ostmar is the capital of Veltria."}\n')
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------- configuration
+def test_inline_config_and_defaults(corpus):
+    config = OmegaConf.create({**HYDRA_DEFAULTS, "call_limit": 3, "tool_instances": {
+        "python": {"class_path": PYTHON, "params": {"timeout_s": 2, "max_output_chars": 50}},
+        "search": {"class_path": "verl.workers.tools.search_tool.SearchTool", "params": {"corpus_path": corpus}}}})
+    with ToolManager.from_config(config) as tools:
+        assert tools.call_limit == 3 and tools.stop_strings == ["</python>", "</search>"]
+        assert isinstance(tools.tools["python"], PythonTool) and tools.tools["python"].limits.wall_time_s == 2
+        assert (tools.max_workers, tools.timeout, tools.retry_count, tools.verbose_logging) == (64, 120.0, 3, False)
+    # Stop strings follow the configuration's order.
+    reordered = {"tool_instances": {"search": {"class_path": "verl.workers.tools.search_tool.SearchTool",
+                                               "params": {"corpus_path": corpus}}, "python": {"class_path": PYTHON}}}
+    with ToolManager.from_config(reordered) as tools:
+        assert tools.stop_strings == ["</search>", "</python>"] and tools.call_limit == 5
+
+
+@pytest.mark.parametrize("config", [None, {}, {"call_limit": 3}, {"tool_instances": {}}, HYDRA_DEFAULTS])
+def test_no_tools_means_no_manager(config):
+    assert ToolManager.from_config(config) is None
+
+
+def test_yaml_file_and_config_path_with_inline_overrides(tmp_path):
+    path = tmp_path / "tools.yaml"
+    path.write_text(f"call_limit: 6\nretry_count: 4\ntool_instances:\n  python:\n    class_path: {PYTHON}\n"
+                    "    params: {timeout_s: 7, memory_mb: 300}\n")
+    with ToolManager.from_config(str(path)) as tools:
+        assert (tools.call_limit, tools.retry_count) == (6, 4) and tools.tools["python"].limits.wall_time_s == 7
+    # Inline keys win, inline nulls (the trainer YAML's defaults) do not hide the file's, params merge key by key.
+    inline = {**HYDRA_DEFAULTS, "config_path": str(path), "call_limit": 2,
+              "tool_instances": {"python": {"params": {"timeout_s": 3}}}}
+    with ToolManager.from_config(OmegaConf.create(inline)) as tools:
+        assert (tools.call_limit, tools.retry_count) == (2, 4)
+        assert tools.tools["python"].limits.wall_time_s == 3 and tools.tools["python"].limits.memory_mb == 300
+
+
+def test_reference_class_paths_load_our_classes(tmp_path):
+    path = tmp_path / "arpo_tools.yaml"  # the shape of the reference's tool YAML
+    path.write_text(
+        "call_limit: 3\nmax_workers: 64\ntimeout: 120\nretry_count: 3\nverbose_logging: true\nfail_on_error: false\n"
+        "tool_instances:\n"
+        "  python:\n    class_path: verl.workers.rollout.tools.python_tool.PythonTool\n"
+        "    params: {conda_path: /opt/conda, conda_env: verl}\n"
+        "  search:\n    class_path: verl.workers.rollout.tools.search_tool.BingSearchTool\n"
+        f"    params: {{api_key: k, zone: z, max_results: 10, result_length: 1000, location: cn,\n"
+        f"             cache_file: {tmp_path}/search_cache.json, async_cache_write: true}}\n")
+    with ToolManager.from_config(str(path)) as tools:
+        assert isinstance(tools.tools["python"], PythonTool) and tools.verbose_logging
+        search = tools.tools["search"]
+        assert isinstance(search, BingSearchTool) and isinstance(search, SearchTool)
+        assert (search.max_results, search.backend.location, search.backend.zone) == (10, "cn", "z")
+
+
+def test_a_tool_that_fails_to_load_is_skipped_or_raises(corpus, caplog):
+    broken = {"calc": {"class_path": "no.such.Calculator"}, "python": {"class_path": PYTHON}}
+    with caplog.at_level(logging.WARNING):
+        with ToolManager.from_config({"tool_instances": broken}) as tools:
+            assert list(tools.tools) == ["python"]
+    assert f"{PREFIX}.tool_instances.calc.class_path=no.such.Calculator" in caplog.text
+    named = rf"{PREFIX}.tool_instances.calc.class_path=no.such.Calculator: .*No module named"
+    with pytest.raises(ValueError, match=named):
+        ToolManager.from_config({"fail_on_error": True, "tool_instances": broken})
+    bad_params = {"search": {"class_path": "verl.workers.tools.search_tool.SearchTool",
+                             "params": {"corpus_path": corpus, "max_result": 3}}}
+    with pytest.raises(ValueError, match=r"tool_instances.search.class_path=.*SearchTool: .*max_result"):
+        ToolManager.from_config({"fail_on_error": True, "tool_instances": bad_params})
+    assert ToolManager.from_config({"tool_instances": bad_params}) is None  # the only tool was skipped
+    not_a_tool = {"x": {"class_path": "collections.OrderedDict"}}
+    with pytest.raises(ValueError, match="not a BaseTool subclass"):
+        ToolManager.from_config({"fail_on_error": True, "tool_instances": not_a_tool})
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"call_limit": 0}, rf"{PREFIX}.call_limit=0 must be a positive integer"),
+    ({"max_workers": -2}, rf"{PREFIX}.max_workers=-2 must be a positive integer"),
+    ({"retry_count": 1.5}, rf"{PREFIX}.retry_count=1.5 must be a positive integer"),
+    ({"call_limit": True}, rf"{PREFIX}.call_limit=True must be a positive integer"),
+    ({"timeout": 0}, rf"{PREFIX}.timeout=0 must be a positive number"),
+    ({"fail_on_error": "yes"}, rf"{PREFIX}.fail_on_error='yes' must be true or false"),
+    ({"call_limt": 3}, rf"{PREFIX}.call_limt is not a tool setting"),
+    ({"tool_instances": {"python": {"params": {}}}}, rf"{PREFIX}.tool_instances.python.class_path is not set"),
+    ({"tool_instances": {"python": {"class_path": PYTHON, "param": {}}}},
+     rf"{PREFIX}.tool_instances.python.param is not a tool key"),
+    ({"tool_instances": {"python": {"class_path": PYTHON, "params": [1]}}},
+     rf"{PREFIX}.tool_instances.python.params must be a mapping"),
+    ({"tool_instances": ["python"]}, rf"{PREFIX}.tool_instances must map tool names"),
+])
+def test_bad_settings_name_the_key(config, message):
+    with pytest.raises(ValueError, match=message):
+        ToolManager.from_config(config)
+
+
+def test_bad_config_files_are_named(tmp_path):
+    with pytest.raises(ValueError, match=rf"{PREFIX}.config_path=.*missing.yaml: cannot read it"):
+        ToolManager.from_config(str(tmp_path / "missing.yaml"))
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- python\n")
+    with pytest.raises(ValueError, match="must hold a mapping"):
+        ToolManager.from_config({"config_path": str(listing)})
+    with pytest.raises(ValueError, match="must be a mapping of tool settings or a YAML path"):
+        ToolManager.from_config(3)
+
+
+# ---------------------------------------------------------------------------------------------- running calls
+def test_calls_run_concurrently_and_come_back_in_order():
+    with ToolManager([Meeting(6)], max_workers=8) as tools:
+        results = tools.run([("meet", str(i)) for i in range(6)])
     assert [r.text for r in results] == [f"met {i}" for i in range(6)] and all(r.success for r in results)
-    tools.close()
+
+    with ToolManager([Sleepy()], max_workers=4) as tools:
+        start = time.monotonic()
+        results = tools.run([("sleepy", "0.4")] * 4)
+        assert time.monotonic() - start < 1.2 and all(r.success for r in results)  # serially it would take 1.6 s
 
 
 def test_a_call_past_the_timeout_becomes_text_and_the_round_returns():
-    tools = manager(Sleepy(), timeout=0.3)
-    slow, fast = tools.run([("sleepy", "5"), ("sleepy", "0")])
-    assert slow.text == "Error: Tool(sleepy) timed out after 0.3 s." and not slow.success
-    assert fast.text == "slept 0" and fast.success
-    assert tools.metrics()["tools/timeouts"] == 1
-    tools.close()
+    with ToolManager([Sleepy()], timeout=0.3) as tools:
+        start = time.monotonic()
+        slow, fast = tools.run([("sleepy", "3"), ("sleepy", "0")])
+        assert time.monotonic() - start < 1.5
+        assert slow.text == "Error: Tool(sleepy) timed out after 0.3 s." and not slow.success
+        assert (slow.seconds, slow.attempts) == (0.3, 1)
+        assert fast.text == "slept 0" and fast.success
+        assert tools.metrics()["tools/timeouts"] == 1
+        assert tools.run([("sleepy", "0")])[0].success  # the manager still works
+
+
+def test_the_timeout_counts_from_when_a_worker_takes_the_call():
+    """With one worker the second call waits for the first; it still gets its whole timeout."""
+    with ToolManager([Sleepy()], max_workers=1, timeout=0.7) as tools:
+        results = tools.run([("sleepy", "0.4"), ("sleepy", "0.4")])
+    assert all(r.success for r in results)
+
+
+def test_calls_that_never_return_do_not_block_later_rounds():
+    hang = Hang()
+    with ToolManager([hang, Sleepy()], max_workers=1, timeout=0.2) as tools:
+        first = tools.run([("hang", "")])[0]
+        assert "timed out" in first.text
+        start = time.monotonic()
+        second = tools.run([("sleepy", "0")])[0]  # the only worker is still held by the hung call
+        assert second.text == "slept 0" and time.monotonic() - start < 3
+    hang.release.set()
 
 
 def test_only_transient_failures_are_retried():
-    transient = Flaky(failures=2)
-    result = manager(transient, retry_count=3).run([("flaky", "x")])[0]
-    assert (result.text, result.success, result.attempts, transient.calls) == ("fine", True, 3, 3)
+    def run(tool, content="x", retry_count=3):
+        with ToolManager([tool], retry_count=retry_count) as tools:
+            return tools.run([("scripted", content)])[0]
 
-    exhausted = Flaky(failures=5)
-    result = manager(exhausted, retry_count=3).run([("flaky", "x")])[0]
-    assert result.text == "Error: Tool(flaky) execution failed with message: network down"
-    assert exhausted.calls == 3 and not result.success
+    tool = Scripted(transient=2)
+    result = run(tool)
+    assert (result.text, result.success, result.attempts, tool.calls) == ("done x", True, 3, 3)
 
-    hard = Flaky(hard=True)
-    result = manager(hard, retry_count=3).run([("flaky", "x")])[0]
-    assert hard.calls == 1 and result.text == "Error: Tool(flaky) execution failed with message: bad input"
+    tool = Scripted(transient=5)
+    result = run(tool)
+    assert result.text == "Error: Tool(scripted) execution failed with message: network down"
+    assert (result.success, result.attempts, tool.calls) == (False, 3, 3)
 
-    empty = Flaky(empty=True)
-    result = manager(empty, retry_count=3).run([("flaky", "x")])[0]
-    assert empty.calls == 1 and result.text == "Tool(flaky) returned empty output." and not result.success
+    for content, text in [("hard", "Error: Tool(scripted) execution failed with message: bad input"),
+                          ("crash", "Error: Tool(scripted) execution failed with message: KeyError: 'oops'"),
+                          ("empty", "Tool(scripted) returned empty output."),
+                          ("blank", "Tool(scripted) returned empty output.")]:
+        tool = Scripted()
+        result = run(tool, content)
+        assert (result.text, result.success, result.attempts, tool.calls) == (text, False, 1, 1)
 
 
-def test_tool_bugs_and_unknown_tags_become_text():
-    crash, unknown = manager(Flaky()).run([("flaky", "crash"), ("calculator", "1+1")])
-    assert crash.text == "Error: Tool(flaky) execution failed with message: KeyError: 'oops'"
-    assert unknown.text == "Error: unknown tool <calculator>." and not unknown.success
+def test_no_retry_after_the_timeout():
+    class SlowFlaky(BaseTool):
+        name = trigger_tag = "slow"
+        calls = 0
+
+        def execute(self, content):
+            SlowFlaky.calls += 1
+            time.sleep(0.2)
+            raise ToolError("network down", retryable=True)
+
+    with ToolManager([SlowFlaky()], timeout=0.3, retry_count=100) as tools:
+        assert "timed out" in tools.run([("slow", "")])[0].text
+        time.sleep(0.3)
+    assert SlowFlaky.calls == 2
+
+
+def test_unknown_tags_become_text():
+    with ToolManager([Scripted()]) as tools:
+        (result,) = tools.run([("calculator", "1+1")])
+    assert (result.text, result.success, result.attempts) == ("Error: unknown tool calculator", False, 0)
 
 
 def test_metrics_on_a_scripted_sequence():
-    tools = manager(Flaky(failures=1), Sleepy(), retry_count=2)
-    tools.run([("flaky", "x"), ("flaky", "crash"), ("sleepy", "0"), ("nope", "")])
-    metrics = tools.metrics()
-    assert metrics["tools/total_calls"] == 4
-    assert metrics["tools/successful_calls"] == 2 and metrics["tools/failed_calls"] == 2
-    assert metrics["tools/retries"] == 1
-    assert metrics["tools/flaky/calls"] == 2 and metrics["tools/flaky/success_rate"] == 0.5
-    assert metrics["tools/sleepy/success_rate"] == 1.0 and metrics["tools/nope/success_rate"] == 0.0
-    assert tools.metrics() == {"tools/total_calls": 0.0}  # reset
+    with ToolManager([Scripted(transient=1), Sleepy()], retry_count=2, timeout=0.5) as tools:
+        assert tools.metrics()["tools/total_calls"] == 0.0
+        tools.run([("scripted", "x"), ("scripted", "crash"), ("sleepy", "0.1"), ("sleepy", "2"), ("nope", "")])
+        metrics = tools.metrics(reset=False)
+        assert metrics == tools.metrics()  # reset=False kept them
+        assert tools.metrics() == {"tools/total_calls": 0.0, "tools/successful_calls": 0.0, "tools/failed_calls": 0.0,
+                                   "tools/timeouts": 0.0, "tools/retries": 0.0, "tools/mean_seconds": 0.0}
+    assert (metrics["tools/total_calls"], metrics["tools/successful_calls"], metrics["tools/failed_calls"]) == (5, 2, 3)
+    assert (metrics["tools/timeouts"], metrics["tools/retries"]) == (1, 1)
+    assert (metrics["tools/scripted/calls"], metrics["tools/scripted/success_rate"]) == (2, 0.5)
+    assert (metrics["tools/sleepy/calls"], metrics["tools/sleepy/success_rate"]) == (2, 0.5)
+    assert (metrics["tools/nope/calls"], metrics["tools/nope/success_rate"]) == (1, 0.0)
+    assert metrics["tools/sleepy/mean_seconds"] == pytest.approx((0.1 + 0.5) / 2, abs=0.1)
+    assert metrics["tools/mean_seconds"] == pytest.approx(0.6 / 5, abs=0.05)
+    assert all(isinstance(value, float) for value in metrics.values())
+
+
+def test_rounds_from_several_threads_at_once():
+    tool = Scripted()
+    with ToolManager([tool], max_workers=4) as tools:
+        outputs: dict[int, list[str]] = {}
+
+        def one_round(k):
+            outputs[k] = [r.text for r in tools.run([("scripted", f"{k}-{i}") for i in range(5)])]
+
+        threads = [threading.Thread(target=one_round, args=(k,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert outputs == {k: [f"done {k}-{i}" for i in range(5)] for k in range(4)}
+        assert tools.metrics()["tools/total_calls"] == 20 and tool.calls == 20
+
+
+def test_close_closes_the_tools():
+    tool = Scripted()
+    tools = ToolManager([tool])
+    tools.close()
+    assert tool.closed
+    with pytest.raises(RuntimeError, match="after close"):
+        tools.run([("scripted", "x")])
+
+
+def test_two_tools_with_one_tag_are_an_error():
+    with pytest.raises(ValueError, match="share a trigger tag"):
+        ToolManager([Scripted(), Scripted()])

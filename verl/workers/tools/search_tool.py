@@ -1,175 +1,171 @@
 """The search tool: `<search>query</search>` returns the top passages as lines `Page k: snippet`.
 
-One tool, pluggable backends (param `backend`):
+One tool with pluggable backends (param `backend`, search_backends.py):
 
-- `bm25` (default): a local BM25 index (the `bm25s` library) over a JSONL corpus (`corpus_path`, rows with `text`
-  and optional `title`), built once at start-up. Offline; what the tiny recipes and the tests use.
-- `http`: a SERP API like the seed's (Bright Data's request endpoint in front of Bing): a POST of
-  `{zone, url: <bing search url>, format: "raw"}` with a Bearer key to `endpoint`; the snippets are the
-  `organic[*].description` fields. `api_key` / `zone` come from params or from SEARCH_API_KEY / SEARCH_ZONE.
+- `bm25` (default): a local BM25 index over a JSONL corpus (`corpus_path`); offline.
+- `http`: the reference's SERP API (Bright Data in front of Bing; `endpoint`, `api_key`, `zone`, `location`).
 
-A persistent JSON query cache (`cache_file`, the seed's format: one object query -> result text) sits in front of
-either: hits skip the backend; new successful results are merged into the file under an exclusive file lock and the
-file is replaced atomically, so several processes (one per rollout rank) can share it without losing entries. Keys
-are the query with `"` removed and whitespace collapsed (the seed keyed on the raw string, so "a  b" and "a b" missed
-each other). Writes are synchronous; `async_cache_write` is accepted for the seed's YAML and ignored.
+A persistent JSON query cache (`cache_file`, the reference's format: one object `{query: result text}`, written with
+`ensure_ascii=False, indent=2`) sits in front of either; see `QueryCache`.
+
+Params: backend, corpus_path, api_key, zone, endpoint, location, request_timeout_s, max_results (5; the reference's
+BingSearchTool 10), result_length (1000 characters per snippet), cache_file, cache_refresh_interval (15 s),
+async_cache_write (accepted for the reference's YAML files; saving is synchronous, see QueryCache.put).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import re
 import tempfile
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
+import time
 from typing import Any
 
 from filelock import FileLock
+from filelock import Timeout as LockTimeout
 
 from verl.workers.tools.base import BaseTool, ToolError
+from verl.workers.tools.search_backends import DEFAULT_ENDPOINT, BM25Backend, HTTPBackend
+
+logger = logging.getLogger(__name__)
 
 NO_RESULTS = "No search results found."
-DEFAULT_ENDPOINT = "https://api.brightdata.com/request"
-_CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
 def normalize_query(query: str) -> str:
-    return " ".join(query.replace('"', " ").split())
+    """The query as sent and as the cache key: `"` removed (as the reference did), runs of whitespace collapsed to one
+    space and the ends stripped. The reference keyed its cache on the query with only `"` removed, so "a  b" and
+    "a b" were two entries and two API calls (spec arpo_aepo.md sec. 7, bug 10)."""
+    return " ".join(query.replace('"', "").split())
 
 
 def format_results(snippets: list[str], max_results: int, result_length: int) -> str:
-    """`Page k: snippet` lines of the first `max_results` distinct non-empty snippets, each cut to `result_length`."""
+    """Lines `Page k: snippet` of the first `max_results` distinct non-empty snippets, each cut to `result_length`
+    characters; `No search results found.` when there is none."""
     kept: list[str] = []
     for snippet in snippets:
-        snippet = (snippet or "").strip()
+        snippet = str(snippet or "").strip()
         if snippet and snippet not in kept:
             kept.append(snippet)
-    lines = [f"Page {k}: {s[:result_length]}" for k, s in enumerate(kept[:max_results], start=1)]
+    lines = [f"Page {k}: {snippet[:result_length]}" for k, snippet in enumerate(kept[:max_results], start=1)]
     return "\n".join(lines) or NO_RESULTS
 
 
-class BM25Backend:
-    """Top passages of a JSONL corpus by BM25 (bm25s, English stop words)."""
-
-    def __init__(self, corpus_path: str):
-        import bm25s
-
-        if not corpus_path or not os.path.isfile(corpus_path):
-            raise ValueError(f"search tool: corpus_path={corpus_path!r} is not a file (the bm25 backend needs a JSONL "
-                             "corpus with a 'text' field per row)")
-        self.passages = []
-        with open(corpus_path) as f:
-            for number, line in enumerate(f, start=1):
-                if line.strip():
-                    row = json.loads(line)
-                    if "text" not in row:
-                        raise ValueError(f"search tool: {corpus_path} line {number} has no 'text' field")
-                    title = row.get("title")
-                    self.passages.append(f"{title}: {row['text']}" if title else row["text"])
-        if not self.passages:
-            raise ValueError(f"search tool: {corpus_path} holds no passages")
-        self._bm25s = bm25s
-        self.index = bm25s.BM25()
-        self.index.index(bm25s.tokenize(self.passages, stopwords="en", show_progress=False), show_progress=False)
-
-    def search(self, query: str, k: int) -> list[str]:
-        tokens = self._bm25s.tokenize([query], stopwords="en", show_progress=False)
-        if not tokens.vocab:
-            return []
-        docs, scores = self.index.retrieve(tokens, k=min(k, len(self.passages)), show_progress=False)
-        return [self.passages[d] for d, s in zip(docs[0].tolist(), scores[0].tolist()) if s > 0]
-
-
-class HTTPBackend:
-    """A SERP API: POST {zone, url, format: raw} with a Bearer key; snippets from organic[*].description."""
-
-    def __init__(self, api_key: str | None, zone: str | None, endpoint: str = DEFAULT_ENDPOINT,
-                 location: str = "us", timeout_s: float = 60.0):
-        self.api_key = api_key or os.environ.get("SEARCH_API_KEY") or os.environ.get("BRIGHTDATA_API_KEY")
-        self.zone = zone or os.environ.get("SEARCH_ZONE") or os.environ.get("BRIGHTDATA_ZONE")
-        if not self.api_key or not self.zone:
-            raise ValueError("search tool (backend=http): set params api_key and zone, or the environment variables "
-                             "SEARCH_API_KEY and SEARCH_ZONE")
-        self.endpoint, self.location, self.timeout_s = endpoint, location, timeout_s
-
-    def search_url(self, query: str) -> str:
-        market, language = ("zh-CN", "zh") if _CJK.search(query) else ("en-US", "en")
-        params = {"q": query, "mkt": market, "setLang": language, "brd_json": 1, "cc": self.location}
-        return "https://www.bing.com/search?" + urllib.parse.urlencode(params)
-
-    def search(self, query: str, k: int) -> list[str]:
-        body = json.dumps({"zone": self.zone, "url": self.search_url(query), "format": "raw"}).encode()
-        request = urllib.request.Request(self.endpoint, data=body, method="POST", headers={
-            "Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                payload = json.loads(response.read().decode("utf-8"))
-        except (urllib.error.URLError, TimeoutError, OSError, json.JSONDecodeError) as err:
-            raise ToolError(f"search request failed: {err}", retryable=True) from err
-        organic = payload.get("organic") or [] if isinstance(payload, dict) else []
-        return [item.get("description", "") for item in organic if isinstance(item, dict)]
-
-
 class QueryCache:
-    """query -> result text, in memory and in a JSON file shared between threads and processes (module docstring)."""
+    """query -> result text, in memory and in a JSON file that threads and processes (one per rollout worker) share.
 
-    def __init__(self, path: str, refresh_interval_s: float = 15.0):
-        self.path, self.refresh_interval_s = path, refresh_interval_s
-        self.lock = FileLock(path + ".lock", timeout=30)
-        self._mutex = threading.Lock()
+    - The file is read at start and read again when it changed (inode, mtime or size), checked at most every
+      `refresh_interval_s` seconds, so entries other processes saved become hits.
+    - `put` saves at once: under an exclusive lock on `<file>.lock` (the filelock library, so it holds across
+      processes) it reads the file, merges its entries with ours (ours win, as in the reference), writes a temporary
+      file in the same directory and renames it over the file. Readers without the lock therefore always see a
+      whole, valid JSON file, and a writer never drops an entry another one saved.
+    """
+
+    def __init__(self, path: str, refresh_interval_s: float = 15.0, lock_timeout_s: float = 60.0):
+        self.path, self.refresh_interval_s = os.path.abspath(path), refresh_interval_s
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._file_lock = FileLock(self.path + ".lock", timeout=lock_timeout_s)
+        self._mutex = threading.Lock()  # guards the fields below; never held while waiting for the file lock
+        self._save_mutex = threading.Lock()  # one save at a time in this process
         self._entries: dict[str, str] = {}
-        self._mtime, self._checked = None, 0.0
-        self._reload(force=True)
+        self._dirty = False  # entries not yet saved
+        self._signature: tuple | None = None  # (inode, mtime_ns, size) of the file we last read or wrote
+        self._checked = float("-inf")
+        with self._mutex:
+            self._refresh()
 
-    def _read_file(self) -> dict[str, str]:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
-            return data if isinstance(data, dict) else {}
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
-    def _reload(self, force: bool = False) -> None:
-        import time
-
-        now = time.monotonic()
-        if not force and now - self._checked < self.refresh_interval_s:
-            return
-        self._checked = now
-        try:
-            mtime = os.path.getmtime(self.path)
-        except FileNotFoundError:
-            return
-        if force or mtime != self._mtime:
-            self._mtime = mtime
-            self._entries.update(self._read_file())
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def get(self, query: str) -> str | None:
         with self._mutex:
-            self._reload()
+            if time.monotonic() - self._checked >= self.refresh_interval_s:
+                self._refresh()
             return self._entries.get(query)
 
     def put(self, query: str, text: str) -> None:
+        """Add an entry and save the file. A save that fails (lock timeout, disk full) is logged and retried with the
+        next put: the caller's result does not depend on the cache."""
         with self._mutex:
             self._entries[query] = text
-            directory = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(directory, exist_ok=True)
-            with self.lock:
-                merged = {**self._read_file(), **self._entries}
-                fd, tmp = tempfile.mkstemp(prefix=".search_cache.", dir=directory)
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(merged, f, ensure_ascii=False, indent=2)
-                os.replace(tmp, self.path)
-                self._entries = merged
-                self._mtime = os.path.getmtime(self.path)
+            self._dirty = True
+        try:
+            self.save()
+        except (OSError, LockTimeout) as err:
+            logger.warning("search cache %s: could not save (%s); will try again with the next entry", self.path, err)
+
+    def save(self) -> None:
+        with self._save_mutex:
+            with self._mutex:
+                if not self._dirty:  # a concurrent put has saved our entry already
+                    return
+                snapshot, self._dirty = dict(self._entries), False
+            try:
+                with self._file_lock:
+                    merged = {**self._read(), **snapshot}
+                    signature = self._replace(merged)
+            except BaseException:
+                with self._mutex:
+                    self._dirty = True
+                raise
+            with self._mutex:
+                self._entries = {**merged, **self._entries}  # entries put meanwhile stay (and stay dirty)
+                self._signature = signature
+
+    def _refresh(self) -> None:
+        """Merge the file into memory if it changed since we last saw it (caller holds _mutex)."""
+        self._checked = time.monotonic()
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return
+        signature = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if signature != self._signature:
+            self._signature = signature
+            self._entries = {**self._read(), **self._entries}
+
+    def _read(self) -> dict[str, str]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            logger.warning("search cache %s is unreadable (%s); it will be rewritten from memory", self.path, err)
+            return {}
+        if not isinstance(data, dict):
+            logger.warning("search cache %s does not hold a JSON object; it will be rewritten from memory", self.path)
+            return {}
+        return data
+
+    def _replace(self, entries: dict[str, str]) -> tuple:
+        """Write `entries` to a temporary file and rename it over the cache file; returns the new file's signature."""
+        directory, name = os.path.split(self.path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(entries, f, ensure_ascii=False, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+                try:  # keep the old file's permissions (mkstemp creates 0600, unreadable for other users)
+                    os.chmod(tmp, os.stat(self.path).st_mode & 0o777)
+                except FileNotFoundError:
+                    os.chmod(tmp, 0o644)
+                stat = os.fstat(f.fileno())  # a rename keeps inode and mtime
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 class SearchTool(BaseTool):
-    """Params: backend (bm25 | http), corpus_path (bm25), api_key / zone / endpoint / location / request_timeout_s
-    (http), max_results, result_length, cache_file, cache_refresh_interval, async_cache_write (ignored)."""
+    """`<search>query</search>` -> `Page k: snippet` lines from the chosen backend, through the cache (module
+    docstring for the params)."""
 
     name = "search"
     trigger_tag = "search"
@@ -178,31 +174,34 @@ class SearchTool(BaseTool):
                  zone: str | None = None, endpoint: str = DEFAULT_ENDPOINT, location: str = "us",
                  request_timeout_s: float = 60.0, max_results: int = 5, result_length: int = 1000,
                  cache_file: str | None = None, cache_refresh_interval: float = 15.0, async_cache_write: Any = None):
+        if max_results < 1 or result_length < 1:
+            raise ValueError(f"search tool: max_results={max_results} and result_length={result_length} must be >= 1")
         if backend == "bm25":
             self.backend = BM25Backend(corpus_path)
         elif backend == "http":
             self.backend = HTTPBackend(api_key, zone, endpoint, location, request_timeout_s)
         else:
-            raise ValueError(f"search tool: backend={backend!r} must be bm25 or http")
-        if max_results < 1 or result_length < 1:
-            raise ValueError(f"search tool: max_results={max_results} and result_length={result_length} must be >= 1")
+            raise ValueError(f"search tool: backend={backend!r} must be 'bm25' or 'http'")
         self.max_results, self.result_length = max_results, result_length
         self.cache = QueryCache(cache_file, cache_refresh_interval) if cache_file else None
 
     def execute(self, content: str) -> str:
         query = normalize_query(content)
         if not query:
-            raise ToolError("empty search query")
+            raise ToolError("the search query is empty")
         if self.cache is not None and (hit := self.cache.get(query)) is not None:
             return hit
-        text = format_results(self.backend.search(query, self.max_results), self.max_results, self.result_length)
-        if self.cache is not None:
+        snippets = self.backend.search(query, self.max_results)
+        text = format_results(snippets, self.max_results, self.result_length)
+        # Only answers with results are saved: an empty page from the API may be a hiccup worth asking again.
+        if self.cache is not None and text != NO_RESULTS:
             self.cache.put(query, text)
         return text
 
 
 class BingSearchTool(SearchTool):
-    """The seed's name and defaults (the http backend, 10 results, location cn)."""
+    """The reference's class (`verl.workers.rollout.tools.search_tool.BingSearchTool` maps here) with its defaults:
+    the http backend, 10 results, location cn."""
 
     def __init__(self, backend: str = "http", max_results: int = 10, location: str = "cn", **params: Any):
         super().__init__(backend=backend, max_results=max_results, location=location, **params)
