@@ -45,6 +45,18 @@ def test_recipe_runs_in_tiny_mode(recipe, tmp_path):
     assert (tmp_path / "run" / "global_step_2" / "actor" / "fsdp_config.json").exists()
 
 
+def run_tiny_recipe(recipe, tmp_path, *overrides):
+    """Run scripts/train/<recipe> with TINY=1 into tmp_path/run; return the metrics of its steps."""
+    env = {**os.environ, "TINY": "1", "PYTHON": sys.executable, "QUIVER_CACHE": str(tmp_path / "cache"),
+           "CKPTS_DIR_TINY": str(tmp_path / "run")}
+    result = subprocess.run(["bash", f"scripts/train/{recipe}", *overrides], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+    return steps
+
+
 # agentic recipe -> the settings its run must show
 AGENTIC_RECIPES = {
     "ARPO_7B_Reasoning_1node.sh": {"branch_rule": "arpo", "loss_mode": "vanilla", "call_limit": 3},
@@ -56,13 +68,7 @@ AGENTIC_RECIPES = {
 @pytest.mark.parametrize("recipe", sorted(AGENTIC_RECIPES))
 def test_agentic_recipe_runs_in_tiny_mode(recipe, tmp_path):
     """The tool recipes on the synthetic tool tasks and a local BM25 corpus, with the python and search tools."""
-    env = {**os.environ, "TINY": "1", "PYTHON": sys.executable, "QUIVER_CACHE": str(tmp_path / "cache"),
-           "CKPTS_DIR_TINY": str(tmp_path / "run")}
-    result = subprocess.run(["bash", f"scripts/train/{recipe}", "trainer.val_before_train=false"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1, 2]
+    steps = run_tiny_recipe(recipe, tmp_path, "trainer.val_before_train=false")
     for s in steps:
         for key in ("actor/pg_loss", "rollout/branches_per_prompt", "tools/calls_per_trajectory"):
             assert math.isfinite(s[key]), (key, s)
@@ -77,13 +83,7 @@ def test_agentic_recipe_runs_in_tiny_mode(recipe, tmp_path):
 
 @pytest.mark.parametrize("recipe", ["run_rlpr_qwen2.5_7b.sh", "run_rlpr_qwen2.5_7b_lora.sh"])
 def test_rlpr_recipe_runs_in_tiny_mode(recipe, tmp_path):
-    env = {**os.environ, "TINY": "1", "PYTHON": sys.executable, "QUIVER_CACHE": str(tmp_path / "cache"),
-           "CKPTS_DIR_TINY": str(tmp_path / "run")}
-    result = subprocess.run(["bash", f"scripts/train/{recipe}", "trainer.val_before_train=false"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1, 2]
+    steps = run_tiny_recipe(recipe, tmp_path, "trainer.val_before_train=false")
     for s in steps:
         for key in ("actor/pg_loss", "rlpr/scoreB_mean", "rlpr/valid_fraction"):
             assert math.isfinite(s[key]), (key, s)
