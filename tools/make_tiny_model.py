@@ -16,8 +16,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="torch seed for the random weights")
     parser.add_argument("--hidden_size", type=int, default=64)
     parser.add_argument("--num_layers", type=int, default=2)
-    parser.add_argument("--num_heads", type=int, default=4)
-    parser.add_argument("--num_kv_heads", type=int, default=2)
+    parser.add_argument("--num_heads", type=int, default=2)
+    parser.add_argument("--num_kv_heads", type=int, default=1)
     parser.add_argument("--intermediate_size", type=int, default=128)
     parser.add_argument("--max_position_embeddings", type=int, default=1024)
     parser.add_argument(
