@@ -82,6 +82,7 @@ def fit_trainer(overrides, model_dir, probe_step=False):
     `probe_step` the batch of one more step after training, for checks on a real batch; else None)."""
     trainer = build_trainer(overrides, model_dir)
     try:
+        trainer.rollout_info = trainer.actor_rollout_wg.rollout_info()  # per rank: engine class, TP place
         before = trainer.actor_rollout_wg.weight_fingerprint()
         history = trainer.fit()
         after = trainer.actor_rollout_wg.weight_fingerprint()

@@ -97,6 +97,23 @@ def test_arpo_trains_three_steps_with_tools_and_branches(ray_session, tool_task,
     assert check_masks(trainer, batch) > 0
 
 
+def test_arpo_runs_on_vllm_with_tools_and_branches(ray_session, tool_task, tmp_path):
+    """The same agent loop with vLLM as the engine: tool rounds, branches, exact groups, masks; the engine's
+    log-probs of the model's own tokens are the actor's."""
+    model_dir, data_dir = tool_task
+    trainer, history, before, after, batch = fit_trainer(
+        agentic_overrides(model_dir, data_dir, tmp_path, f"{ROLLOUT}.name=vllm", "trainer.total_training_steps=2"),
+        model_dir, probe_step=True)
+    assert [info["engine"] for info in trainer.rollout_info] == ["VLLMRollout"] * 2
+    for m in history:
+        assert m["tools/calls_per_trajectory"] > 0 and 0 < m["tools/result_token_fraction"] < 1
+        assert m["training/rollout_actor_logprob_diff_max"] < 1e-3
+    assert sum(m["rollout/branches_per_prompt"] for m in history) > 0
+    assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
+    assert set(pd.Series(batch.non_tensor_batch["uid"]).value_counts()) == {4}
+    assert check_masks(trainer, batch) > 0
+
+
 def test_aepo_trains_three_steps_with_dynamic_rollouts(ray_session, tool_task, tmp_path):
     model_dir, data_dir = tool_task
     overrides = agentic_overrides(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -124,3 +125,17 @@ def test_livecodebench_sample_is_generated_and_graded_in_parallel(tiny_model_dir
     assert result["scores"].map(list).tolist() == [[0.0, 0.0]] * 6
     assert set(metrics["livecodebench"]) == {"num_prompts", "avg@2", "mean@2", "pass@1", "pass@2"}
     assert metrics["livecodebench"]["num_prompts"] == 6 and metrics["livecodebench"]["pass@2"] == 0.0
+
+
+@pytest.mark.e2e
+def test_vllm_engine_writes_the_hf_engines_greedy_responses(tiny_model_dir, four_prompts, tmp_path):
+    """rollout.name=vllm (in a subprocess: vLLM joins torch.distributed and changes process-wide torch settings)."""
+    greedy = ["data.n_samples=1", "rollout.do_sample=false"]
+    run_generation(_config(tiny_model_dir, four_prompts, tmp_path / "hf.parquet", *greedy))
+    cmd = [sys.executable, "-m", "verl.trainer.main_generation", f"model.path={tiny_model_dir}", f"data.path={four_prompts}",
+           f"data.output_path={tmp_path / 'vllm.parquet'}", *FAST, *greedy, "rollout.name=vllm"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    hf, vllm = pd.read_parquet(tmp_path / "hf.parquet"), pd.read_parquet(tmp_path / "vllm.parquet")
+    assert vllm["responses"].map(list).tolist() == hf["responses"].map(list).tolist()
+    assert vllm["scores"].map(list).tolist() == hf["scores"].map(list).tolist()

@@ -138,3 +138,23 @@ def test_seed_option_errors_name_the_keys(overrides, fragment):
     cfg = load_config(overrides=overrides)
     with pytest.raises(ConfigError, match=fragment):
         validate_ppo_config(cfg)
+
+
+def test_vllm_settings_are_checked_before_anything_starts(tmp_path):
+    from verl.utils.tiny_model import build_tiny_model
+
+    narrow_heads = build_tiny_model(str(tmp_path / "model"), num_heads=4, num_kv_heads=2)  # head size 16
+    cfg = load_config(overrides=[
+        "actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu", "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=3", f"actor_rollout_ref.model.path={narrow_heads}",
+        "actor_rollout_ref.rollout.mode=sync_with_tool", "actor_rollout_ref.rollout.entropy_mode=exact"])
+    with pytest.raises(ConfigError) as err:
+        validate_ppo_config(cfg)
+    message = str(err.value)
+    for fragment in ("actor_rollout_ref.rollout.tensor_model_parallel_size=3 must be a positive integer dividing "
+                     "the 2 ranks", "actor_rollout_ref.rollout.entropy_mode=exact needs full-vocabulary entropies",
+                     "actor_rollout_ref.rollout.name=vllm on CPU: the model's attention head size is 16"):
+        assert fragment in message
+    # The HF engine has no tensor parallelism to configure: verl scripts that set it still run.
+    validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.name=hf", "trainer.device=cpu",
+                                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]))

@@ -297,6 +297,15 @@ def validate_ppo_config(cfg: DictConfig) -> None:
           f"actor_rollout_ref.rollout.name={rollout.name!r} must be one of auto, hf, vllm", problems)
     need(rollout.mode in ("sync", "sync_with_tool"),
           f"actor_rollout_ref.rollout.mode={rollout.mode!r} must be sync or sync_with_tool", problems)
+    if rollout.name in ("auto", "vllm") and cfg.trainer.device in ("auto", "cpu", "cuda"):
+        from verl.workers.rollout.base import resolve_rollout_name
+
+        device = resolve_device("auto") if cfg.trainer.device == "auto" else cfg.trainer.device
+        if resolve_rollout_name(rollout.name, device) == "vllm":
+            from verl.workers.rollout.vllm_rollout import config_problems
+
+            problems.extend(config_problems(rollout, cfg.actor_rollout_ref.model.path, device, n_ranks,
+                                            "actor_rollout_ref.rollout"))
     if uses_agent_loop(rollout):
         from verl.workers.rollout.agent_loop import BranchingConfig
 

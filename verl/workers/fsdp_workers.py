@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import os
 import time
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.distributed.device_mesh import init_device_mesh
@@ -26,18 +26,9 @@ from verl.utils.fsdp_utils import build_optimizer, shard_model
 from verl.utils.lora import apply_lora, lora_scaling, merge_lora_items
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.rollout.agent_loop import build_agent_loop
-from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
+from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls, resolve_rollout_name
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
-
-
-def resolve_rollout_name(name: str, device: str) -> str:
-    """`rollout.name=auto`: vLLM on CUDA when it is installed, otherwise the HF engine."""
-    if name != "auto":
-        return name
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    has_engine = importlib.util.find_spec("verl.workers.rollout.vllm_rollout") is not None
-    return "vllm" if device == "cuda" and has_vllm and has_engine else "hf"
 
 
 def full_state_dict_items(module: torch.nn.Module):
@@ -139,10 +130,18 @@ class ActorRolloutRefWorker(Worker):
             self.ref_module = shard_model(ref_model, self._mesh, self.device, self.config.ref.fsdp_config)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module)
         if self._is_rollout:
-            name = resolve_rollout_name(self.config.rollout.name, self.device)
-            engine_cls = get_rollout_cls(name)
-            self.rollout = engine_cls(module=self._load_hf_model(), tokenizer=self.tokenizer,
-                                      config=self.config.rollout, device=str(self._torch_device))
+            rollout = self.config.rollout
+            name = resolve_rollout_name(rollout.name, self.device)
+            # The HF engine samples from the rank's torch RNG (which checkpoints save); vLLM has its own seed, the
+            # same on the ranks of one tensor-parallel group (they are one engine).
+            seed = None if name == "hf" else rollout.seed + self.rank // rollout.tensor_model_parallel_size
+            self.rollout = get_rollout_cls(name).build(
+                model_path=os.path.expanduser(model_cfg.path), tokenizer=self.tokenizer, config=rollout,
+                device=str(self._torch_device), seed=seed,
+                load_module=self._load_hf_model, weights_follow=self._is_actor,
+                tokenizer_path=os.path.expanduser(model_cfg.tokenizer_path) if model_cfg.tokenizer_path else None,
+                trust_remote_code=model_cfg.trust_remote_code,
+                hf_overrides=OmegaConf.to_container(model_cfg.override_config, resolve=True))
             self.agent_loop = None
             if uses_agent_loop(self.config.rollout):
                 self.agent_loop = build_agent_loop(self.rollout, self.tokenizer, self.config.rollout, self.rank)
@@ -177,6 +176,19 @@ class ActorRolloutRefWorker(Worker):
         """Sample one response per row of `prompts` (the driver repeats prompts n times beforehand); with the agent
         loop, `meta_info["n"]` trajectories per row (the driver does not repeat: branches need their group)."""
         start = time.perf_counter()
+        self.rollout.wake_up()
+        output = self.rollout.run_in_tp_group(prompts, self._generate_for_group)
+        if self.config.rollout.free_cache_engine:
+            self.rollout.sleep()
+        seconds = time.perf_counter() - start
+        tokens = int(output.batch["response_mask"].sum())
+        metrics = output.meta_info.setdefault("metrics", {})
+        metrics.update({"rollout/seconds": [seconds], "rollout/tokens_per_second": [tokens / seconds]})
+        return output
+
+    def _generate_for_group(self, batches: list[DataProto]) -> list[DataProto]:
+        """Generate for the prompt batches of a tensor-parallel group at once; one output batch per input batch."""
+        prompts = DataProto.concat(batches) if len(batches) > 1 else batches[0]
         params = self._sampling_params(prompts.meta_info)
         length = self.config.rollout.response_length
         if self.agent_loop is not None:
@@ -187,11 +199,11 @@ class ActorRolloutRefWorker(Worker):
             output = generate_sequences(self.rollout, prompts, params, response_length=length,
                                         pad_token_id=self.tokenizer.pad_token_id,
                                         eos_token_id=self.tokenizer.eos_token_id)
-        seconds = time.perf_counter() - start
-        tokens = int(output.batch["response_mask"].sum())
-        metrics = output.meta_info.setdefault("metrics", {})
-        metrics.update({"rollout/seconds": [seconds], "rollout/tokens_per_second": [tokens / seconds]})
-        return output
+        if len(batches) == 1:
+            return [output]
+        per_prompt = len(output) // len(prompts)  # outputs keep their prompt's order, n adjacent rows each
+        bounds = np.cumsum([0] + [len(b) * per_prompt for b in batches])
+        return [output[int(a):int(b)] for a, b in zip(bounds[:-1], bounds[1:])]
 
     # ------------------------------------------------------------------------------------------- log-probs
     def _log_prob_meta(self, data: DataProto, node) -> None:
@@ -264,8 +276,14 @@ class ActorRolloutRefWorker(Worker):
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rollout_info(self) -> dict[str, object]:
+        """This rank's rollout engine: its class and its place in a tensor-parallel group."""
+        engine = self.rollout
+        return {"engine": type(engine).__name__, "tp_size": getattr(engine, "tp_size", 1),
+                "tp_rank": getattr(engine, "tp_rank", 0)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weight_fingerprint(self) -> dict[str, float]:
         """Sums of the actor's and the rollout engine's weights (used by tests to see updates and syncs)."""
         actor = sum(float(t.double().sum()) for _, t in full_state_dict_items(self.actor_module))
-        rollout = sum(float(p.double().sum()) for p in self.rollout.module.state_dict().values())
-        return {"actor": actor, "rollout": rollout}
+        return {"actor": actor, "rollout": self.rollout.weights_checksum()}

@@ -154,6 +154,9 @@ class RayPPOTrainer:
         if cfg.trainer.nnodes > 1:
             where = ", ".join(f"rank {r}: node {node[:12]}" for r, node in enumerate(self.rank_nodes))
             print(f"[trainer] {self.n_ranks} ranks on {len(set(self.rank_nodes))} nodes ({where})")
+        engine = self.actor_rollout_wg.rollout_info()[0]
+        print(f"[trainer] rollout engine {engine['engine']} on {self.n_ranks} ranks"
+              + (f" in tensor-parallel groups of {engine['tp_size']}" if engine["tp_size"] > 1 else ""))
         for reward_fn in (self.reward_fn, self.val_reward_fn):
             if hasattr(reward_fn, "attach_log_prob_fn"):  # RLPR's manager scores with the current actor
                 reward_fn.attach_log_prob_fn(self._actor_log_probs)

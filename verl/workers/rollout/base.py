@@ -9,10 +9,11 @@ listed in docs/internal_contracts.md.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -115,6 +116,28 @@ class RolloutEngine(ABC):
     def wake_up(self) -> None:
         """Undo `sleep` before the next rollout."""
 
+    def weights_checksum(self) -> float:
+        """The sum of the engine's weights (float64), to check that a push arrived."""
+        raise NotImplementedError(f"{type(self).__name__} does not report a weights checksum")
+
+    @classmethod
+    def build(cls, *, model_path: str, tokenizer, config, device: str, seed: int | None,
+              load_module: Callable[[], torch.nn.Module], weights_follow: bool, tokenizer_path: str | None = None,
+              trust_remote_code: bool = False, hf_overrides: dict | None = None) -> RolloutEngine:
+        """The engine for the HF model at `model_path`, built the way this engine loads models.
+
+        load_module: loads that model as a HF module (for engines that run one). weights_follow: the caller pushes
+        weights with `update_weights` before the first `generate`, so the engine may start with placeholders.
+        """
+        raise NotImplementedError(f"{cls.__name__} cannot be built from a model path")
+
+    def run_in_tp_group(self, local: Any, work: Callable[[list[Any]], list[Any]]) -> Any:
+        """Run `work` on the items of every rank of this rank's tensor-parallel group; return this rank's result.
+
+        Engines without tensor parallelism (a group of one) just run `work([local])`; see the vLLM engine.
+        """
+        return work([local])[0]
+
 
 _ROLLOUT_REGISTRY: dict[str, type[RolloutEngine]] = {}
 
@@ -145,6 +168,13 @@ def get_rollout_cls(name: str) -> type[RolloutEngine]:
         known = sorted(set(_ROLLOUT_REGISTRY) | set(_BUILTIN_ROLLOUT_MODULES))
         raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not a known rollout engine; known: {known}")
     return _ROLLOUT_REGISTRY[name]
+
+
+def resolve_rollout_name(name: str, device: str) -> str:
+    """`rollout.name=auto`: vLLM on CUDA when it is installed, otherwise the HF engine."""
+    if name != "auto":
+        return name
+    return "vllm" if device == "cuda" and importlib.util.find_spec("vllm") is not None else "hf"
 
 
 def _unpadded_prompts(prompts: DataProto) -> list[list[int]]:

