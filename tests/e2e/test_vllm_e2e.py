@@ -37,7 +37,10 @@ def check_run(tokenizer, history, before, after, batch, steps):
 def test_grpo_three_steps_on_vllm(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
     trainer, history, before, after, batch = fit_trainer(
         tiny_overrides(tiny_model_dir, arithmetic_data_dir, VLLM, f"trainer.default_local_dir={tmp_path}",
-                       "trainer.test_freq=3"), tiny_model_dir, probe_step=True)
+                       "trainer.test_freq=3",
+                       # any vllm.LLM argument passes through: a 256 MiB KV cache instead of the CPU default's 1 GiB
+                       "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=268435456"),
+        tiny_model_dir, probe_step=True)
     assert [info["engine"] for info in trainer.rollout_info] == ["VLLMRollout", "VLLMRollout"]
     check_run(trainer.tokenizer, history, before, after, batch, steps=3)
     assert "val-core/arithmetic/reward/mean@1" in history[-1]

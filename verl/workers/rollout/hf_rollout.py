@@ -280,7 +280,7 @@ class HFRollout(RolloutEngine):
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
 
     def weights_checksum(self) -> float:
-        return sum(float(t.double().sum()) for t in self.module.state_dict().values())
+        return sum(float(t.sum(dtype=torch.float64)) for t in self.module.state_dict().values())
 
     def sleep(self) -> None:
         """Move the weights to host memory while the actor trains (nothing to free on CPU)."""

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, register_rollout
 
@@ -229,9 +230,10 @@ class VLLMRollout(RolloutEngine):
                 kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         else:
             kwargs["gpu_memory_utilization"] = float(_config_value(config, "gpu_memory_utilization", 0.5))
-        extra = _config_value(config, "engine_kwargs", {}) or {}
-        extra = extra.get("vllm", {}) if hasattr(extra, "get") else {}
-        kwargs.update({key: value for key, value in dict(extra or {}).items()})
+        extra = (_config_value(config, "engine_kwargs") or {}).get("vllm") or {}
+        if isinstance(extra, DictConfig):
+            extra = OmegaConf.to_container(extra, resolve=True)
+        kwargs.update(extra)
 
         # external_launcher puts vLLM on cuda:$LOCAL_RANK; Ray shows each worker only its own GPU, so that is the
         # current device, whatever the rank's place on its node.
@@ -382,7 +384,7 @@ class VLLMRollout(RolloutEngine):
                 if hasattr(tensor, "full_tensor"):
                     tensor = tensor.full_tensor()
                 tensor = tensor.to(self.device)
-                checksum += tensor.detach().double().sum()
+                checksum += tensor.detach().sum(dtype=torch.float64)  # no float64 copy of the tensor
                 yield name, tensor
 
         self.llm.collective_rpc(_load_weights(tensors()))
