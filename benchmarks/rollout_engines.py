@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,20 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     parser.add_argument("--engine", choices=ENGINES, default=None, help=argparse.SUPPRESS)  # child mode
     parser.add_argument("--model", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
-
-
-def busy_cores_of_others(start: tuple[float, float], end: tuple[float, float], own_cpu: float) -> float:
-    """Cores kept busy by other processes between two (`/proc/stat` busy seconds, wall time) readings."""
-    (busy0, wall0), (busy1, wall1) = start, end
-    return max(0.0, (busy1 - busy0 - own_cpu) / max(wall1 - wall0, 1e-9))
-
-
-def machine_busy_seconds() -> tuple[float, float]:
-    with open("/proc/stat") as f:
-        fields = [float(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK"), time.time()
 
 
 def prompts_token_ids(model_dir: str, count: int) -> list[list[int]]:
@@ -110,8 +97,11 @@ def run_engine(args: argparse.Namespace) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.engine:
-        print(json.dumps(run_engine(args)))
+        with open(args.result, "w") as f:
+            json.dump(run_engine(args), f)
         return 0
+    from grpo_step import run_and_measure_foreign_cpu
+
     from verl.utils.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,21 +110,13 @@ def main(argv=None) -> int:
                          num_heads=args.hidden_size // 32, num_kv_heads=1, intermediate_size=2 * args.hidden_size)
         results = {}
         for engine in ENGINES:
-            child = [sys.executable, __file__, "--engine", engine, "--model", model_dir]
+            result_path = os.path.join(tmp, f"{engine}.json")
+            child = [sys.executable, __file__, "--engine", engine, "--model", model_dir, "--result", result_path]
             for key in ("prompts", "n", "response_length", "repeats", "threads"):
                 child += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-            before = machine_busy_seconds()
-            own_before = os.times()
-            proc = subprocess.run(child, capture_output=True, text=True)
-            own = os.times()
-            if proc.returncode != 0:
-                print(proc.stderr[-3000:], file=sys.stderr)
-                return 1
-            result = json.loads(proc.stdout.strip().splitlines()[-1])
-            own_cpu = (own.children_user + own.children_system) - (own_before.children_user +
-                                                                    own_before.children_system)
-            result["others"] = busy_cores_of_others(before, machine_busy_seconds(), own_cpu)
-            results[engine] = result
+            others = run_and_measure_foreign_cpu(child, dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+            with open(result_path) as f:
+                results[engine] = {**json.load(f), "others": others}
     hf, vllm = results["hf"], results["vllm"]
     print(f"model: {hf['parameters']:,} parameters (hidden {args.hidden_size}, {args.layers} layers); "
           f"{args.prompts} prompts x {args.n} samples x {args.response_length} tokens, {args.threads} thread(s)")

@@ -2,6 +2,7 @@
 after every update, and tensor parallelism across the two ranks gives the same batches as one engine per rank."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -49,6 +50,7 @@ def test_grpo_three_steps_on_vllm(ray_session, tiny_model_dir, arithmetic_data_d
 def test_grpo_with_vllm_tensor_parallel_across_both_ranks(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
     """tensor_model_parallel_size=2: the two ranks are one vLLM engine; rank 0 generates for both, rank 1 mirrors
     every call, and each rank trains on its own half of the batch."""
+    shared_memory = set(os.listdir("/dev/shm"))
     trainer, history, before, after, batch = fit_trainer(
         tiny_overrides(tiny_model_dir, arithmetic_data_dir, VLLM, "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
                        "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}"),
@@ -56,3 +58,5 @@ def test_grpo_with_vllm_tensor_parallel_across_both_ranks(ray_session, tiny_mode
     assert [(info["tp_size"], info["tp_rank"]) for info in trainer.rollout_info] == [(2, 0), (2, 1)]
     check_run(trainer.tokenizer, history, before, after, batch, steps=2)
     assert len(set(batch.non_tensor_batch["uid"])) == 8 and len(batch) == 32
+    # vLLM's CPU all-reduce segments and broadcast ring buffer do not outlive the killed workers.
+    assert set(os.listdir("/dev/shm")) <= shared_memory

@@ -34,6 +34,7 @@ host memory there.
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import math
 import os
@@ -115,6 +116,43 @@ def config_problems(rollout, model_path: str | None, device: str, n_ranks: int, 
         except ValueError as err:
             problems.append(f"{prefix}.{err}")
     return problems
+
+
+def _name_cpu_shm_per_run() -> None:
+    """vLLM's CPU tensor-parallel all-reduce works through shared memory named after the init method, which is
+    "env://" for every engine that joins an existing world: a segment left behind by a killed run (Ray kills workers
+    without clean-up) makes every later run fail with EEXIST. Prefix the names with this worker group's MASTER_PORT."""
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm = cpu_communicator._CPUSHMDistributed
+    original = shm.make_group_name
+    if getattr(original, "per_run", False):
+        return
+
+    def make_group_name(communicator) -> str:
+        return f"quiver{os.environ.get('MASTER_PORT', '')}-{original(communicator).lstrip('/')}"
+
+    make_group_name.per_run = True
+    shm.make_group_name = staticmethod(make_group_name)
+
+
+def _unlink_cpu_shm() -> None:
+    """Drop the names of the tensor-parallel group's shared memory -- the all-reduce segments and the broadcast ring
+    buffer -- once the engine exists: every rank has mapped them by then (vLLM attaches them between barriers), and
+    the mappings outlive the names, so nothing is left in /dev/shm when Ray kills the workers (it kills without
+    clean-up: each TP run would leave ~25 MB behind)."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    name = getattr(getattr(group.device_communicator, "dist_module", None), "group_name", None)
+    if name:
+        for path in glob.glob(os.path.join("/dev/shm", glob.escape(name.lstrip("/")) + "_*")):
+            with contextlib.suppress(FileNotFoundError):  # another rank of the group was first
+                os.unlink(path)
+    ring = getattr(group.mq_broadcaster, "buffer", None)
+    if getattr(ring, "is_creator", False):
+        ring.shared_memory.unlink()
+        ring.is_creator = False  # its destructor would unlink the name again
 
 
 @contextlib.contextmanager
@@ -239,8 +277,13 @@ class VLLMRollout(RolloutEngine):
         # current device, whatever the rank's place on its node.
         local_rank = str(torch.cuda.current_device()) if self.device.type == "cuda" else os.environ.get(
             "LOCAL_RANK", "0")
+        cpu_tensor_parallel = on_cpu and distributed and self.tp_size > 1
+        if cpu_tensor_parallel:
+            _name_cpu_shm_per_run()
         with _keep_torch_threads(), _env(LOCAL_RANK=local_rank):
             self.llm = LLM(**kwargs)
+        if cpu_tensor_parallel:
+            _unlink_cpu_shm()
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_DropRotaryReloadWarning())
 
         if self.tp_size > 1 and distributed:
