@@ -170,6 +170,15 @@ def get_rollout_cls(name: str) -> type[RolloutEngine]:
     return _ROLLOUT_REGISTRY[name]
 
 
+def config_value(config, key: str, default=None):
+    """`key` of an engine's rollout config (a dict, an OmegaConf node or an attribute-style object; None = no
+    config); `default` when the key is missing or null."""
+    if config is None:
+        return default
+    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+    return default if value is None else value
+
+
 def resolve_rollout_name(name: str, device: str) -> str:
     """`rollout.name=auto`: vLLM on CUDA when it is installed, otherwise the HF engine."""
     if name != "auto":

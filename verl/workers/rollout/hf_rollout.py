@@ -32,7 +32,13 @@ from verl.utils.torch_functional import (
     logprobs_from_logits,
     pad_2d_list_to_tensor,
 )
-from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, register_rollout
+from verl.workers.rollout.base import (
+    CompletionOutput,
+    RolloutEngine,
+    SamplingParams,
+    config_value,
+    register_rollout,
+)
 
 
 def top_k_top_p_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -69,15 +75,6 @@ class _Completion:
                                 self.top_log_probs)
 
 
-def _config_value(config, key: str, default=None):
-    """Read `key` from a dict, an OmegaConf node or an attribute-style config (None = no config)."""
-    if config is None:
-        return default
-    if hasattr(config, "get"):
-        return config.get(key, default)
-    return getattr(config, key, default)
-
-
 @register_rollout("hf")
 class HFRollout(RolloutEngine):
     """Batched sampling on the engine's own (non-FSDP) copy of the policy.
@@ -98,7 +95,7 @@ class HFRollout(RolloutEngine):
         self.device = torch.device(device)
         self.module = module.to(self.device)
         self.tokenizer = tokenizer
-        self.micro_batch_size = _config_value(config, "micro_batch_size")
+        self.micro_batch_size = config_value(config, "micro_batch_size")
         self.generator = None
         if seed is not None:
             self.generator = torch.Generator(device=self.device)

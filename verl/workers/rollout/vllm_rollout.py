@@ -44,7 +44,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, register_rollout
+from verl.workers.rollout.base import (
+    CompletionOutput,
+    RolloutEngine,
+    SamplingParams,
+    config_value,
+    register_rollout,
+)
 
 # vLLM's in-place weight push needs its engine core in this process (facts.md); set before vllm is imported.
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -59,17 +65,11 @@ class _DropRotaryReloadWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
+
 CPU_KV_CACHE_BYTES = 1 << 30
 # Engine arguments taken from the rollout config as they are (verl's names are vLLM's).
 _PASSTHROUGH_KEYS = ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "enable_prefix_caching",
                      "enforce_eager", "disable_log_stats")
-
-
-def _config_value(config, key: str, default=None):
-    if config is None:
-        return default
-    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
-    return default if value is None else value
 
 
 def entropy_from_top_log_probs(log_probs: Iterable[float]) -> float:
@@ -219,32 +219,29 @@ class VLLMRollout(RolloutEngine):
 
         self.device = torch.device(device)
         self.tokenizer = tokenizer
-        self.tp_size = int(_config_value(config, "tensor_model_parallel_size", 1))
-        self.ignore_eos = bool(_config_value(config, "ignore_eos", False))
-        self.entropy_top_k = int(_config_value(config, "entropy_top_k", 10))
+        self.tp_size = int(config_value(config, "tensor_model_parallel_size", 1))
+        self.ignore_eos = bool(config_value(config, "ignore_eos", False))
+        self.entropy_top_k = int(config_value(config, "entropy_top_k", 10))
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code, **(hf_overrides or {}))
         on_cpu = self.device.type == "cpu"
         if on_cpu:
             check_cpu_head_size(hf_config)
 
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if distributed and torch.distributed.get_world_size() % self.tp_size:
-            raise ValueError(f"rollout.tensor_model_parallel_size={self.tp_size} must divide the number of ranks "
-                             f"({torch.distributed.get_world_size()})")
-        max_model_len = _config_value(config, "max_model_len")
+        max_model_len = config_value(config, "max_model_len")
         if max_model_len is None:  # prompt + response, within what the model's positions allow
-            total = int(_config_value(config, "prompt_length", 0)) + int(_config_value(config, "response_length", 0))
+            total = int(config_value(config, "prompt_length", 0)) + int(config_value(config, "response_length", 0))
             positions = getattr(hf_config, "max_position_embeddings", None)
             max_model_len = min(total, positions) if total and positions else (total or None)
-        kwargs: dict[str, Any] = {key: _config_value(config, key) for key in _PASSTHROUGH_KEYS
-                                  if _config_value(config, key) is not None}
+        kwargs: dict[str, Any] = {key: config_value(config, key) for key in _PASSTHROUGH_KEYS}
+        kwargs = {key: value for key, value in kwargs.items() if value is not None}
         kwargs.update(
             model=model_path,
             tokenizer=tokenizer_path or model_path,
             trust_remote_code=trust_remote_code,
             hf_overrides=hf_overrides or None,
             # The actor trains in float32 on CPU, and bf16 matmuls are ~4x slower there (facts.md).
-            dtype="float32" if on_cpu else _config_value(config, "dtype", "bfloat16"),
+            dtype="float32" if on_cpu else config_value(config, "dtype", "bfloat16"),
             tensor_parallel_size=self.tp_size,
             load_format=load_format,
             seed=seed,
@@ -259,7 +256,7 @@ class VLLMRollout(RolloutEngine):
             kwargs["distributed_executor_backend"] = "mp"
         from vllm.platforms import current_platform
 
-        self.can_sleep = bool(_config_value(config, "free_cache_engine", True)) and (
+        self.can_sleep = bool(config_value(config, "free_cache_engine", True)) and (
             current_platform.is_sleep_mode_available())
         if self.can_sleep:
             kwargs["enable_sleep_mode"] = True
@@ -267,8 +264,8 @@ class VLLMRollout(RolloutEngine):
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         else:
-            kwargs["gpu_memory_utilization"] = float(_config_value(config, "gpu_memory_utilization", 0.5))
-        extra = (_config_value(config, "engine_kwargs") or {}).get("vllm") or {}
+            kwargs["gpu_memory_utilization"] = float(config_value(config, "gpu_memory_utilization", 0.5))
+        extra = (config_value(config, "engine_kwargs") or {}).get("vllm") or {}
         if isinstance(extra, DictConfig):
             extra = OmegaConf.to_container(extra, resolve=True)
         kwargs.update(extra)
@@ -301,7 +298,7 @@ class VLLMRollout(RolloutEngine):
               trust_remote_code=False, hf_overrides=None) -> VLLMRollout:
         """See `RolloutEngine.build`: vLLM reads the checkpoint itself, or with `load_format=dummy` and an actor
         pushing weights (`weights_follow`), starts from placeholders and never reads it."""
-        load_format = _config_value(config, "load_format", "dummy")
+        load_format = config_value(config, "load_format", "dummy")
         if load_format == "dummy" and not weights_follow:
             load_format = "auto"  # nobody would push real weights
         return cls(model_path, tokenizer, config, device, seed=seed or 0, load_format=load_format,
@@ -326,7 +323,6 @@ class VLLMRollout(RolloutEngine):
     def _generate(self, prompt_token_ids: list[list[int]], per_prompt: list[SamplingParams]):
         from vllm.inputs import TokensPrompt
 
-        self.wake_up()
         requests = [TokensPrompt(prompt_token_ids=list(map(int, ids))) for ids in prompt_token_ids]
         outputs = self.llm.generate(requests, [self._vllm_params(p) for p in per_prompt], use_tqdm=False)
         return [[self._completion(c, p) for c in out.outputs] for out, p in zip(outputs, per_prompt)]
