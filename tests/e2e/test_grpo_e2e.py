@@ -20,6 +20,8 @@ def trained(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("run")
     trainer = build_trainer(tiny_overrides(tiny_model_dir, arithmetic_data_dir, "actor_rollout_ref.actor.use_kl_loss=true",
+                                           # the actor's own pass, to compare with the engine's log-probs
+                                           "algorithm.rollout_correction.bypass_mode=false",
                                            "trainer.test_freq=3", f"trainer.default_local_dir={run_dir}",
                                            f"trainer.rollout_data_dir={run_dir}/rollouts",
                                            f"trainer.validation_data_dir={run_dir}/val"), tiny_model_dir)
@@ -164,3 +166,25 @@ def test_dynamic_bsz_kl_in_reward_entropy_bonus_and_cosine_schedule(ray_session,
     assert third["actor/reward_kl_penalty"] > 0
     assert second["actor/reward_kl_penalty_coeff"] != first["actor/reward_kl_penalty_coeff"]  # adaptive
     assert "val-core/arithmetic/reward/mean@2" in third
+
+
+def test_on_policy_steps_skip_the_old_log_prob_pass(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
+    """One mini-batch per step (bypass_mode=auto): no actor pass before the update, the actor's own detached
+    log-probs serve as old ones, and the update still moves the weights with a finite loss; with two mini-batches
+    the HF engine's log-probs are the old ones."""
+    from e2e_utils import fit_trainer
+
+    for mini, recomputed in ((8, 0.0), (4, 0.0)):
+        _, history, before, after, batch = fit_trainer(
+            tiny_overrides(tiny_model_dir, arithmetic_data_dir, f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+                           "trainer.total_training_steps=2", f"trainer.default_local_dir={tmp_path}/{mini}"),
+            tiny_model_dir, probe_step=True)
+        for m in history:
+            assert m["actor/old_log_prob_recomputed"] == recomputed
+            assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/entropy"])
+            assert "training/rollout_actor_logprob_diff_max" not in m
+        assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
+        if mini == 4:  # the engine's log-probs became the old ones
+            assert torch.equal(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"])
+        else:
+            assert "old_log_probs" not in batch.batch.keys()

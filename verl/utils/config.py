@@ -306,6 +306,9 @@ def validate_ppo_config(cfg: DictConfig) -> None:
 
             problems.extend(config_problems(rollout, cfg.actor_rollout_ref.model.path, device, n_ranks,
                                             "actor_rollout_ref.rollout"))
+    bypass = OmegaConf.select(cfg, "algorithm.rollout_correction.bypass_mode", default="auto")
+    need(bypass in ("auto", True, False, "true", "false"),
+         f"algorithm.rollout_correction.bypass_mode={bypass!r} must be auto, true or false", problems)
     if uses_agent_loop(rollout):
         from verl.workers.rollout.agent_loop import BranchingConfig
 

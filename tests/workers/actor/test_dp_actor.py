@@ -180,3 +180,33 @@ def test_split_kl_loss_weighs_only_low_entropy_tokens():
     with torch.no_grad():
         for (name, p_manual), (_, p_actor) in zip(manual.named_parameters(), updated.named_parameters()):
             torch.testing.assert_close(p_actor, p_manual - p_manual.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"ppo_micro_batch_size_per_gpu": 2, "use_kl_loss": True},
+                                       {"policy_loss": {"loss_mode": "aspo"}, "entropy_coeff": 0.01}])
+def test_on_policy_update_without_old_log_probs_equals_the_recomputed_pass(overrides):
+    """One epoch over one mini-batch: skipping the old-log-prob pass (the actor detaches its own log-probs) gives the
+    update that the recomputed old log-probs give."""
+    model = _model()
+    data = _batch(model)
+    actor = DataParallelPPOActor(_config(**overrides), model)
+    recomputed, _ = actor.compute_log_prob(data)
+    with_pass = DataProto.from_dict(tensors={**data.batch, "old_log_probs": recomputed}, meta_info=data.meta_info)
+    without_pass = DataProto.from_dict(tensors={k: v for k, v in data.batch.items() if k != "old_log_probs"},
+                                       meta_info=data.meta_info)
+    model_a, metrics_a = _update(model, with_pass, **overrides)
+    model_b, metrics_b = _update(model, without_pass, **overrides)
+    assert metrics_a["actor/pg_loss"] == pytest.approx(metrics_b["actor/pg_loss"], abs=1e-6)
+    assert any((p - q).abs().max() > 1e-4 for p, q in zip(model.parameters(), model_a.parameters()))  # it moved
+    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_off_policy_update_without_old_log_probs_is_refused():
+    model = _model()
+    data = _batch(model)
+    data.batch.pop("old_log_probs")
+    with pytest.raises(ValueError, match="ppo_epochs=2"):
+        _update(model, data, ppo_epochs=2)
+    with pytest.raises(ValueError, match="mini-batches of 3"):
+        _update(model, data, ppo_mini_batch_size=3)

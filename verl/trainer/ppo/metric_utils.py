@@ -50,7 +50,8 @@ def compute_data_metrics(batch: DataProto) -> dict[str, float]:
     metrics.update(_stats("prompt_length", prompt_length))
     if "entropys" in batch.batch:
         metrics["actor/entropy"] = masked_mean(batch.batch["entropys"], response_mask).item()
-    if "rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch:
+    recomputed = batch.meta_info.get("old_log_prob_source", "recompute") == "recompute"
+    if recomputed and "rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch:
         # How far the rollout engine's log-probs are from the actor's on the same weights (should be ~0).
         diff = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()[response_mask]
         metrics["training/rollout_actor_logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0

@@ -41,6 +41,7 @@ from verl.utils.seqlen_balancing import balance_batch_partitions
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking, dump_generations
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
+from verl.workers.rollout.base import resolve_rollout_name
 from verl.workers.reward_manager.prob import score_a_key
 
 GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -51,6 +52,35 @@ def _timer(name: str, timing: dict[str, float]):
     start = time.perf_counter()
     yield
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def old_log_prob_source(config: DictConfig, num_sequences: int, device: str) -> str:
+    """Where the actor update takes its old log-probs from, per `algorithm.rollout_correction.bypass_mode`.
+
+    "recompute": a no-grad pass of the actor over the batch before the update (verl's default; also gives the
+    `actor/entropy` and rollout-vs-actor log-prob metrics).
+    "actor": none -- the update is on-policy (one epoch, one mini-batch of `num_sequences` rows), so the old policy
+    is the current one and the actor takes its own log-probs, detached, from the update's forward pass (what TRL does).
+    "rollout": the rollout engine's log-probs (verl's "bypass").
+
+    bypass_mode=true -> rollout; false -> recompute; auto -> actor when on-policy and nothing reads old log-probs
+    before the update (KL in the reward, an estimator that takes them), else rollout when the engine's log-probs are
+    the actor's up to float rounding (the HF engine on CPU without LoRA, plain sampling), else recompute.
+    """
+    mode = OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default="auto")
+    if mode is True or mode == "true":
+        return "rollout"
+    if mode is False or mode == "false":
+        return "recompute"
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    estimator = core_algos.get_adv_estimator_fn(config.algorithm.adv_estimator)
+    estimator_reads = {"old_log_probs", "entropys"} & set(inspect.signature(estimator).parameters)
+    on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size * rollout.n >= num_sequences
+    if on_policy and not config.algorithm.use_kl_in_reward and not estimator_reads:
+        return "actor"
+    exact_engine = (device == "cpu" and resolve_rollout_name(rollout.name, device) == "hf"
+                    and not uses_agent_loop(rollout) and config.actor_rollout_ref.model.get("lora_rank", 0) == 0)
+    return "rollout" if exact_engine else "recompute"
 
 
 def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl") -> tuple[DataProto, dict[str, float]]:
@@ -393,7 +423,20 @@ class RayPPOTrainer:
             self._balance_batch(batch, metrics)
 
         with _timer("old_log_prob", timing):
-            batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+            source = old_log_prob_source(cfg, len(batch), self.device)
+            if source == "rollout" and "rollout_log_probs" not in batch.batch:
+                raise ValueError("algorithm.rollout_correction.bypass_mode=true takes the old log-probs from the "
+                                 "rollout, but this rollout returned no rollout_log_probs; set bypass_mode=false")
+            if source == "recompute":
+                batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+            elif source == "rollout":
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+            if (source != "recompute" and "rollout_entropys" in batch.batch
+                    and resolve_rollout_name(cfg.actor_rollout_ref.rollout.name, self.device) == "hf"):
+                # The HF engine's entropies are the actor's (full vocabulary, same weights): keep actor/entropy.
+                batch.batch["entropys"] = batch.batch["rollout_entropys"]
+            batch.meta_info["old_log_prob_source"] = source
+            metrics["actor/old_log_prob_recomputed"] = float(source == "recompute")
         if self.use_reference_policy:
             with _timer("ref", timing):
                 batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))

@@ -105,9 +105,18 @@ class DataParallelPPOActor:
         # The seed code skipped entropy when entropy_coeff=0, silently disabling what needs it (AEPO bug 2).
         needs_entropy = (cfg.entropy_coeff != 0 or getattr(policy_loss_fn, "needs_entropy", False) or split_kl
                          or entropy_adv)
-        keys = FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
+        keys = FORWARD_KEYS + ["response_mask", "advantages"]
         if cfg.use_kl_loss:
             keys.append("ref_log_prob")
+        # Without old log-probs the update must be on-policy (one epoch, one mini-batch): the old policy is then the
+        # current one, and its log-probs are this forward pass's, detached (see old_log_prob_source in ray_trainer).
+        has_old = "old_log_probs" in data.batch.keys()
+        if has_old:
+            keys.append("old_log_probs")
+        elif cfg.ppo_epochs != 1 or len(data) > cfg.ppo_mini_batch_size:
+            raise ValueError(f"update_policy got no old_log_probs, which only an on-policy update can do without "
+                             f"(ppo_epochs=1 and one mini-batch); here ppo_epochs={cfg.ppo_epochs} and {len(data)} "
+                             f"sequences per rank in mini-batches of {cfg.ppo_mini_batch_size}")
         batch = data.select(batch_keys=keys).batch
         max_token_len = cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
         metrics = defaultdict(list)
@@ -134,7 +143,7 @@ class DataParallelPPOActor:
                         advantages = entropy_aware_advantage(advantages, token_entropy, mask,
                                                              alpha=cfg.get("entropy_advantage_alpha", 0.2))
                     pg_loss, pg_metrics = policy_loss_fn(
-                        old_log_prob=micro_batch["old_log_probs"],
+                        old_log_prob=micro_batch["old_log_probs"] if has_old else log_prob.detach(),
                         log_prob=log_prob,
                         advantages=advantages,
                         response_mask=mask,
