@@ -11,6 +11,7 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Execute, Worker, register
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.single_controller.ray.base import cpu_threads_per_rank
 
 # test modules are not importable inside Ray workers, so ship ToyWorker by value
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -85,7 +86,14 @@ def test_ranks_see_their_environment(toy_group):
     for rank, env in enumerate(envs):
         assert env["attrs"] == (rank, 2, rank)
         assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == (str(rank), "2", str(rank))
-        assert env["OMP_NUM_THREADS"] == "1" and env["QUIVER_TEST_FLAG"] == "on"
+        # the machine's cores shared by the 2 ranks (Ray is told of 4 CPUs; fewer cores are there in CI)
+        assert env["OMP_NUM_THREADS"] == str(max(1, min(4, len(os.sched_getaffinity(0))) // 2))
+        assert env["QUIVER_TEST_FLAG"] == "on"
+
+
+@pytest.mark.parametrize("cpus, ranks, threads", [(2, 2, 1), (2, 1, 2), (8, 3, 2), (1, 4, 1), (16.0, 4, 4)])
+def test_cpu_ranks_share_the_nodes_cores(cpus, ranks, threads):
+    assert cpu_threads_per_rank(cpus, ranks) == threads
 
 
 def test_gloo_all_reduce_of_ranks(toy_group):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 
@@ -16,7 +16,12 @@ def shard_model(model: torch.nn.Module, mesh, device: str, fsdp_config=None) -> 
     parameters in host memory between uses. On CPU everything stays fp32.
     """
     fsdp_config = fsdp_config or {}
-    kwargs = {"mesh": mesh, "reshard_after_forward": fsdp_config.get("reshard_after_forward", True)}
+    reshard = fsdp_config.get("reshard_after_forward", True)
+    if reshard is None:
+        # On CPU the all-gather over gloo costs more than the memory of keeping the gathered weights from the
+        # forward to the backward pass (call `reshard_all` after a forward without backward).
+        reshard = device != "cpu"
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshard}
     if device == "cuda":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if fsdp_config.get("param_offload") or fsdp_config.get("offload_policy"):
@@ -31,6 +36,13 @@ def shard_model(model: torch.nn.Module, mesh, device: str, fsdp_config=None) -> 
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def reshard_all(model: torch.nn.Module) -> None:
+    """Free the gathered weights that a forward pass without backward left behind (reshard_after_forward=false)."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, betas, weight_decay: float, total_steps: int,

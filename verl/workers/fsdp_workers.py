@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
@@ -31,15 +33,67 @@ from verl.workers.rollout.base import SamplingParams, generate_sequences, get_ro
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
 
-def full_state_dict_items(module: torch.nn.Module):
-    """Yield (name, full tensor) for every parameter and buffer, gathering FSDP shards one tensor at a time.
+def full_state_dict_items(module: torch.nn.Module, bucket_bytes: int = 512 << 20):
+    """Yield (name, full tensor) for every parameter and buffer of an FSDP2 module, in state-dict order.
 
-    Every rank must consume the whole generator in the same order: each DTensor gather is a collective.
+    The dim-0 shards of consecutive parameters are gathered together, one all-gather per `bucket_bytes` of full
+    tensors (one collective per tensor costs its latency hundreds of times per push; over gloo that adds seconds).
+    Every rank must consume the whole generator in the same order: each gather is a collective.
     """
+    bucket: list[tuple[str, DTensor]] = []
+    size = 0
     for name, tensor in module.state_dict().items():
-        if isinstance(tensor, DTensor):
-            tensor = tensor.full_tensor()
-        yield name, tensor.detach()
+        if isinstance(tensor, DTensor) and _is_dim0_sharded(tensor):
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= bucket_bytes:
+                yield from _gather_bucket(bucket)
+                bucket, size = [], 0
+            continue
+        yield from _gather_bucket(bucket)
+        bucket, size = [], 0
+        yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
+    yield from _gather_bucket(bucket)
+
+
+def _is_dim0_sharded(tensor: DTensor) -> bool:
+    return tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),) and tensor.dim() > 0
+
+
+def _gather_bucket(bucket: list[tuple[str, DTensor]]):
+    """Gather the full tensors of dim-0-sharded DTensors that share a 1-D mesh and a dtype with one all-gather per
+    (mesh, dtype) group. Rank r holds rows [r*c, (r+1)*c) of each tensor, c = ceil(rows / world) (torch.chunk's
+    split, so the last ranks may hold fewer or none); each rank sends its rows padded to c."""
+    if not bucket:
+        return
+    groups: dict[tuple, list[tuple[str, DTensor]]] = {}
+    for name, tensor in bucket:
+        groups.setdefault((id(tensor.device_mesh), tensor.dtype), []).append((name, tensor))
+    full: dict[str, torch.Tensor] = {}
+    for members in groups.values():
+        mesh = members[0][1].device_mesh
+        world = mesh.size()
+        layouts, pieces = [], []  # per tensor: (rows per rank c, elements per row)
+        for _, tensor in members:
+            rows = tensor.shape[0]
+            chunk, row_numel = -(-rows // world), math.prod(tensor.shape[1:])
+            local = tensor.to_local().detach().reshape(-1)
+            pieces += [local, local.new_zeros(chunk * row_numel - local.numel())]
+            layouts.append((chunk, row_numel))
+        send = torch.cat(pieces)
+        received = send.new_empty(world * send.numel())
+        dist.all_gather_into_tensor(received, send, group=mesh.get_group())
+        received = received.view(world, -1)
+        offset = 0
+        for (name, tensor), (chunk, row_numel) in zip(members, layouts):
+            rows = tensor.shape[0]
+            parts = [received[r, offset : offset + max(0, min(chunk, rows - r * chunk)) * row_numel]
+                     for r in range(world)]
+            full[name] = torch.cat(parts).view(tensor.shape)
+            offset += chunk * row_numel
+        del received
+    for name, _ in bucket:
+        yield name, full.pop(name)
 
 
 class ActorRolloutRefWorker(Worker):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -17,6 +18,11 @@ from verl.single_controller.base.worker import get_node_ip_and_free_port
 PLACEMENT_GROUP_TIMEOUT_S = 60.0
 # Ray's resource reports lag a little behind placement groups that were just removed.
 RESOURCE_REPORT_GRACE_S = 5.0
+
+
+def cpu_threads_per_rank(node_cpus: float, ranks_on_node: int) -> int:
+    """Torch threads of one CPU rank: the node's cores shared evenly by the ranks placed on it (at least one)."""
+    return max(1, int(node_cpus) // max(1, ranks_on_node))
 
 
 class RayResourcePool:
@@ -195,7 +201,13 @@ class RayWorkerGroup:
     def _create_workers(self, cls_with_init: RayClassWithInitArgs) -> None:
         pool = self.resource_pool
         pgs = pool.get_placement_groups()
-        master_addr, master_port = _node_ip_and_free_port(pool.bundle_node_ids()[0])
+        node_ids = pool.bundle_node_ids()
+        master_addr, master_port = _node_ip_and_free_port(node_ids[0])
+        # Cores per node: Ray's CPU resource, and on this node at most the cores there are (Ray may be told more).
+        node_cpus = {node["NodeID"]: node["Resources"].get("CPU", 1) for node in ray.nodes() if node["Alive"]}
+        here = ray.get_runtime_context().get_node_id()
+        if here in node_cpus:
+            node_cpus[here] = min(node_cpus[here], len(os.sched_getaffinity(0)))
         for pg, n in zip(pgs, pool.process_on_nodes):
             for local_rank in range(n):
                 rank = len(self._workers)
@@ -207,7 +219,9 @@ class RayWorkerGroup:
                     "MASTER_PORT": str(master_port),
                 }
                 if self.device == "cpu":
-                    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # each actor owns one CPU of its bundle
+                    node = node_ids[rank]
+                    threads = cpu_threads_per_rank(node_cpus.get(node, 1), node_ids.count(node))
+                    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
                 options = {
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
                         pg, placement_group_bundle_index=local_rank

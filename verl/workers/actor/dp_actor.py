@@ -7,6 +7,7 @@ loss aggregated over the whole (per-rank) mini-batch.
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 
 import torch
@@ -14,7 +15,7 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.policy_losses import entropy_aware_advantage, split_by_token_entropy, split_kl_loss
-from verl.utils.fsdp_utils import clip_grad_and_step
+from verl.utils.fsdp_utils import clip_grad_and_step, reshard_all
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
@@ -47,16 +48,26 @@ class DataParallelPPOActor:
         self.actor_optimizer = actor_optimizer
 
     # ----------------------------------------------------------------------------------------------- forward
+    def _takes_logits_to_keep(self) -> bool:
+        if not hasattr(self, "_logits_to_keep"):
+            module = self.actor_module
+            hf_model = module.get_base_model() if hasattr(module, "get_base_model") else module
+            self._logits_to_keep = "logits_to_keep" in inspect.signature(type(hf_model).forward).parameters
+        return self._logits_to_keep
+
     def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool):
         """(entropy or None, log_probs), each `(batch, response_len)`, at the sampling temperature."""
         response_length = micro_batch["responses"].shape[-1]
+        # The logits at position t predict token t+1, so the response tokens are predicted by the slice before them;
+        # models that can (HF's `logits_to_keep`) apply the LM head to those positions only.
+        keep = {"logits_to_keep": response_length + 1} if self._takes_logits_to_keep() else {}
         output = self.actor_module(
             input_ids=micro_batch["input_ids"],
             attention_mask=micro_batch["attention_mask"],
             position_ids=micro_batch["position_ids"],
             use_cache=False,
+            **keep,
         )
-        # The logits at position t predict token t+1, so the response tokens are predicted by the slice before them.
         logits = output.logits[:, -response_length - 1 : -1, :].float() / temperature
         log_probs = logprobs_from_logits(logits, micro_batch["responses"])
         entropy = entropy_from_logits(logits) if calculate_entropy else None
@@ -80,6 +91,7 @@ class DataParallelPPOActor:
             log_probs.append(log_prob)
             if calculate_entropy:
                 entropys.append(entropy)
+        reshard_all(self.actor_module)  # with reshard_after_forward=false, no backward pass would free them
         log_probs = torch.cat(log_probs)
         entropys = torch.cat(entropys) if calculate_entropy else None
         if index_map is not None:

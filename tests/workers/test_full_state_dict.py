@@ -1,0 +1,51 @@
+"""The bucketed gather of FSDP2 shards gives every full tensor, in state-dict order, for any bucket size."""
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, results):
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl.utils.fsdp_utils import shard_model
+    from verl.workers.fsdp_workers import full_state_dict_items
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        # Rows that do not split evenly over 3 ranks (vocab 50, kv projection 8 rows, norms 20), tied embeddings.
+        config = Qwen2Config(vocab_size=50, hidden_size=20, num_hidden_layers=2, num_attention_heads=5,
+                             num_key_value_heads=1, intermediate_size=28, max_position_embeddings=32,
+                             tie_word_embeddings=True)
+        model = Qwen2ForCausalLM(config)
+        expected = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+        model = shard_model(model, init_device_mesh("cpu", (world,)), "cpu")
+        for bucket_bytes in (1, 3000, 1 << 30):
+            items = list(full_state_dict_items(model, bucket_bytes=bucket_bytes))
+            assert [name for name, _ in items] == list(model.state_dict())
+            for name, tensor in items:
+                torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)
+        results[rank] = "ok"
+    except Exception as err:  # reported to the parent
+        results[rank] = repr(err)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [3])
+def test_bucketed_gather_equals_the_unsharded_weights(world):
+    results = mp.Manager().dict()
+    mp.spawn(_rank, args=(world, _free_port(), results), nprocs=world, join=True)
+    assert dict(results) == {rank: "ok" for rank in range(world)}
