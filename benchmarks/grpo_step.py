@@ -41,14 +41,37 @@ QUIVER_PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor")
 TRL_PHASES = ("gen", "reward")
 # Above this many cores busy with other processes, a side's timing is flagged as not comparable.
 CONTENDED_CORES = 0.3
+# Model shape flags (argparse dest -> `build_tiny_model` argument); None keeps the tiny model's default.
+SHAPE_FLAGS = {"hidden_size": "hidden_size", "layers": "num_layers", "heads": "num_heads",
+               "kv_heads": "num_kv_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
+# --preset: a real model's shape with random weights, and the job size measured at that shape (flags given
+# explicitly win over both).
+PRESETS = {
+    "qwen2.5-0.5b": {
+        "shape": {"hidden_size": 896, "layers": 24, "heads": 14, "kv_heads": 2, "intermediate_size": 4864,
+                  "vocab_size": 151936},
+        "job": {"prompts": 2, "n": 4, "response_length": 64, "steps": 4},
+    },
+}
+JOB_DEFAULTS = {"prompts": 8, "n": 8, "response_length": 32, "steps": 6}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per step (data.train_batch_size)")
-    parser.add_argument("--n", type=int, default=8, help="samples per prompt (rollout.n, TRL num_generations)")
-    parser.add_argument("--response-length", type=int, default=32, help="max tokens per response")
-    parser.add_argument("--steps", type=int, default=6, help="training steps per side, warm-up included")
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="a real model's shape (random weights) and its job size: qwen2.5-0.5b = 24 layers, hidden "
+                             "896, 14/2 heads, intermediate 4864, vocab 151936; 2 prompts x 4 samples x 64 tokens")
+    parser.add_argument("--prompts", type=int, help="prompts per step (data.train_batch_size); default 8")
+    parser.add_argument("--n", type=int, help="samples per prompt (rollout.n, TRL num_generations); default 8")
+    parser.add_argument("--response-length", type=int, help="max tokens per response; default 32")
+    parser.add_argument("--steps", type=int, help="training steps per side, warm-up included; default 6")
+    shape = parser.add_argument_group("model shape (default: the tiny model of verl.utils.tiny_model)")
+    shape.add_argument("--hidden-size", type=int)
+    shape.add_argument("--layers", type=int)
+    shape.add_argument("--heads", type=int)
+    shape.add_argument("--kv-heads", type=int)
+    shape.add_argument("--intermediate-size", type=int)
+    shape.add_argument("--vocab-size", type=int, help="embedding rows (>= the tokenizer's 768 tokens)")
     parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the timing")
     parser.add_argument("--ranks", type=int, default=2, help="Quiver's FSDP ranks (trainer.n_gpus_per_node)")
     parser.add_argument("--lr", type=float, default=1e-6, help="learning rate of both sides")
@@ -62,20 +85,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)  # set by the parent for its children
     parser.add_argument("--result", help=argparse.SUPPRESS)  # where a child writes its summary
     args = parser.parse_args(argv)
+    preset = PRESETS.get(args.preset, {})
+    for name, value in {**JOB_DEFAULTS, **preset.get("job", {}), **preset.get("shape", {})}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.steps <= args.warmup:
         parser.error(f"--steps={args.steps} must be larger than --warmup={args.warmup}: no step would be timed")
     return args
 
 
 # ----------------------------------------------------------------------------------------------- shared inputs
-def prepare_inputs(work_dir: str, seed: int) -> tuple[str, str]:
-    """Build the tiny model and write the arithmetic task into `work_dir`; returns (model_dir, data_dir)."""
+def model_shape(args: argparse.Namespace) -> dict[str, int]:
+    """The `build_tiny_model` arguments of the shape flags that are set."""
+    return {arg: getattr(args, flag) for flag, arg in SHAPE_FLAGS.items() if getattr(args, flag) is not None}
+
+
+def prepare_inputs(work_dir: str, args: argparse.Namespace) -> tuple[str, str]:
+    """Build the model (random weights, `args`' shape) and write the arithmetic task into `work_dir`; returns
+    (model_dir, data_dir)."""
     from verl.utils.dataset.arithmetic import write_arithmetic_dataset
     from verl.utils.tiny_model import build_tiny_model
 
     model_dir, data_dir = os.path.join(work_dir, "model"), os.path.join(work_dir, "data")
+    seed = args.seed
     if not os.path.exists(os.path.join(model_dir, "config.json")):
-        build_tiny_model(model_dir, seed=seed)
+        build_tiny_model(model_dir, seed=seed, **model_shape(args))
     if not os.path.exists(os.path.join(data_dir, "train.parquet")):
         write_arithmetic_dataset(data_dir, train_size=1024, test_size=64, seed=seed)
     return model_dir, data_dir
@@ -305,19 +339,39 @@ def _proc_ticks() -> tuple[int, dict[int, tuple[int, int]]]:
     return user + nice + system + irq + softirq + steal, processes
 
 
-def run_and_measure_foreign_cpu(command: list[str], env: dict) -> float:
-    """Run `command`; return how many cores, on average, other processes kept busy meanwhile.
+def _pss_bytes(pid: int) -> int:
+    """Proportional set size of one process (shared pages split among the processes that map them); 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _machine_used_bytes() -> int:
+    """Memory in use on the whole machine: MemTotal - MemAvailable."""
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    return info["MemTotal"] - info["MemAvailable"]
+
+
+def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25) -> dict[str, float]:
+    """Run `command`; return how many cores other processes kept busy meanwhile ("others", on average) and the
+    peak memory of the command's whole process tree (Ray's daemons and workers included) and of the machine.
 
     Other people's jobs on the same cores slow either side down (TRL's two torch threads most of all), so each
-    result carries this figure: trust a comparison only when it is near 0 for both sides. The child's process tree
-    (Ray's workers included) is sampled twice a second; CPU time of its processes that end between samples is
-    counted as foreign, so the figure errs high.
+    result carries the "others" figure: trust a comparison only when it is near 0 for both sides. The child's process
+    tree is sampled every `interval_s`; CPU time of its processes that end between samples is counted as foreign, so
+    "others" errs high, and a memory peak shorter than the interval can be missed.
     """
     start_busy, _ = _proc_ticks()
     start = time.perf_counter()
     child = subprocess.Popen(command, env=env)
     own_ticks: dict[int, int] = {}
-    busy, wall = start_busy, 0.0
+    busy, wall, peak_tree, peak_machine = start_busy, 0.0, 0, 0
     while child.poll() is None:
         busy, processes = _proc_ticks()
         wall = time.perf_counter() - start
@@ -327,11 +381,14 @@ def run_and_measure_foreign_cpu(command: list[str], env: dict) -> float:
             tree |= {pid for pid, (ppid, _) in processes.items() if ppid in tree}
             grown = len(tree) > before
         own_ticks.update({pid: processes[pid][1] for pid in tree if pid in processes})
-        time.sleep(0.5)
+        peak_tree = max(peak_tree, sum(_pss_bytes(pid) for pid in tree))
+        peak_machine = max(peak_machine, _machine_used_bytes())
+        time.sleep(interval_s)
     if child.returncode:
         raise subprocess.CalledProcessError(child.returncode, command)
     foreign_ticks = busy - start_busy - sum(own_ticks.values())  # up to the last sample
-    return max(0.0, foreign_ticks / os.sysconf("SC_CLK_TCK") / max(wall, 1e-9))
+    return {"foreign_cpu_cores": max(0.0, foreign_ticks / os.sysconf("SC_CLK_TCK") / max(wall, 1e-9)),
+            "peak_tree_gb": peak_tree / 2**30, "peak_machine_gb": peak_machine / 2**30}
 
 
 def run_side_in_child(side: str, args: argparse.Namespace, argv: list[str]) -> dict:
@@ -342,10 +399,10 @@ def run_side_in_child(side: str, args: argparse.Namespace, argv: list[str]) -> d
     command = [sys.executable, os.path.abspath(__file__), *argv, "--side", side, "--work-dir", args.work_dir,
                "--result", result]
     print(f"\n=== {side} ===", flush=True)
-    foreign = run_and_measure_foreign_cpu(command, env)
+    measured = run_and_measure(command, env)
     with open(result) as f:
         summary = json.load(f)
-    summary["foreign_cpu_cores"] = foreign
+    summary.update(measured)
     return summary
 
 
@@ -365,14 +422,19 @@ def strip_side_flags(argv: list[str]) -> list[str]:
 
 
 def print_report(args: argparse.Namespace, results: dict[str, dict]) -> None:
-    print(f"\nGRPO step, {args.prompts} prompts x {args.n} samples x {args.response_length} tokens, lr {args.lr:g}, "
-          f"{args.steps} steps per side ({args.warmup} warm-up dropped), {os.cpu_count()} CPU cores")
-    print(f"{'side':<16}{'s/step':>8}{'median':>8}{'min':>8}{'max':>8}{'resp len':>10}{'others':>8}")
+    shape = ", ".join(f"{flag} {value}" for flag, value in model_shape(args).items()) or "the tiny default"
+    print(f"\nGRPO step, model shape: {shape}; {args.prompts} prompts x {args.n} samples x {args.response_length} "
+          f"tokens, lr {args.lr:g}, {args.steps} steps per side ({args.warmup} warm-up dropped), "
+          f"{os.cpu_count()} CPU cores")
+    print(f"{'side':<16}{'s/step':>8}{'median':>8}{'min':>8}{'max':>8}{'resp len':>10}{'others':>8}"
+          f"{'peak GB':>9}{'machine':>9}")
     for side, r in results.items():
         label = f"Quiver ({r['ranks']} rank{'s' if r['ranks'] > 1 else ''})" if side == "quiver" else "TRL"
         print(f"{label:<16}{r['s_per_step']:8.3f}{r['median_s']:8.3f}{r['min_s']:8.3f}{r['max_s']:8.3f}"
-              f"{r['mean_response_length']:10.1f}{r.get('foreign_cpu_cores', float('nan')):8.2f}")
-    print("(others: cores kept busy by other processes during the run; near 0 = a clean measurement)")
+              f"{r['mean_response_length']:10.1f}{r.get('foreign_cpu_cores', float('nan')):8.2f}"
+              f"{r.get('peak_tree_gb', float('nan')):9.2f}{r.get('peak_machine_gb', float('nan')):9.2f}")
+    print("(others: cores kept busy by other processes during the run; near 0 = a clean measurement. peak GB: the "
+          "largest total PSS of the side's process tree, Ray included; machine: the machine's used memory at its peak)")
     print("\nmean seconds per phase")
     for side, r in results.items():
         print(f"  {side:<8}" + "  ".join(f"{name} {seconds:.3f}" for name, seconds in r["phases_s"].items()))
@@ -401,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run_side = {"quiver": run_quiver, "trl": run_trl}
     if args.result:  # a child: one side, inputs already built by the parent
-        model_dir, data_dir = prepare_inputs(args.work_dir, args.seed)
+        model_dir, data_dir = prepare_inputs(args.work_dir, args)
         summary = run_side[args.side](args, model_dir, data_dir)
         with open(args.result, "w") as f:
             json.dump(summary, f)
@@ -409,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="grpo_step_") as work_dir:
         args.work_dir = work_dir
-        prepare_inputs(work_dir, args.seed)
+        prepare_inputs(work_dir, args)
         sides = SIDES if args.side == "both" else (args.side,)
         results = {side: run_side_in_child(side, args, strip_side_flags(argv)) for side in sides}
     print_report(args, results)

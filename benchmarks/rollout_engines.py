@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         with open(args.result, "w") as f:
             json.dump(run_engine(args), f)
         return 0
-    from grpo_step import run_and_measure_foreign_cpu
+    from grpo_step import run_and_measure
 
     from verl.utils.tiny_model import build_tiny_model
 
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
             child = [sys.executable, __file__, "--engine", engine, "--model", model_dir, "--result", result_path]
             for key in ("prompts", "n", "response_length", "repeats", "threads"):
                 child += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-            others = run_and_measure_foreign_cpu(child, dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+            others = run_and_measure(child, dict(os.environ, TOKENIZERS_PARALLELISM="false"))["foreign_cpu_cores"]
             with open(result_path) as f:
                 results[engine] = {**json.load(f), "others": others}
     hf, vllm = results["hf"], results["vllm"]

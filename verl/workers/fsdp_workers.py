@@ -82,7 +82,7 @@ def _gather_bucket(bucket: list[tuple[str, DTensor]]):
             layouts.append((chunk, row_numel))
         send = torch.cat(pieces)
         received = send.new_empty(world * send.numel())
-        dist.all_gather_into_tensor(received, send, group=mesh.get_group())
+        dist.all_gather_single(received, send, group=mesh.get_group())
         received = received.view(world, -1)
         offset = 0
         for (name, tensor), (chunk, row_numel) in zip(members, layouts):
