@@ -1,23 +1,26 @@
 """Seconds per GRPO step: Quiver against TRL's `GRPOTrainer`, same model, prompts and settings, on CPU.
 
     .venv/bin/pip install -r benchmarks/requirements.txt     # TRL, for this benchmark only
-    .venv/bin/python benchmarks/grpo_step.py                 # 8 prompts x 8 samples x 32 tokens, 6 steps, 2 ranks
-    .venv/bin/python benchmarks/grpo_step.py --ranks 1 --out /tmp/grpo_step_r1.json
+    .venv/bin/python benchmarks/grpo_step.py                 # tiny model, 8 prompts x 8 samples x 32 tokens, 2 ranks
+    .venv/bin/python benchmarks/grpo_step.py --preset qwen2.5-0.5b          # Qwen2.5-0.5B's shape, random weights
+    .venv/bin/python benchmarks/grpo_step.py --preset qwen2.5-0.5b --kl-loss --side quiver   # + reference model
+    .venv/bin/python benchmarks/grpo_step.py --layers 4 --hidden-size 256 --ranks 1 --out /tmp/r1.json
 
-Both sides train the tiny Qwen2 of `verl.utils.tiny_model` (built once into a temp dir) on the arithmetic train
-prompts, with the same GRPO step: `--prompts` prompts x `--n` samples at temperature 1, at most `--response-length`
-tokens each, the rule reward `default_compute_score("arithmetic", ...)`, group-normalised advantages
-(reward - mean) / std, PPO-clip at 0.2 with the token-mean loss (TRL's "dapo"), no KL term (beta = 0), one epoch and
-one optimizer step (AdamW, the same lr and weight decay, constant schedule, grad-norm clip 1.0) per batch, fp32,
-no gradient checkpointing.
-
-One known difference of work: Quiver, like verl, recomputes the old log-probs in a separate forward pass
-(`old_log_prob`), while TRL skips it when each batch gets exactly one optimizer step (then old = current, detached).
+Both sides train the same model (random weights, built once into a temp dir: the tiny Qwen2 of
+`verl.utils.tiny_model`, or the shape of `--preset` / the shape flags) on the arithmetic train prompts, with the
+same GRPO step: `--prompts` prompts x `--n` samples at temperature 1, at most `--response-length` tokens each, the
+rule reward `default_compute_score("arithmetic", ...)`, group-normalised advantages (reward - mean) / std, PPO-clip
+at 0.2 with the token-mean loss (TRL's "dapo"), no KL term (beta = 0; `--kl-loss`: a frozen reference model and
+the k3 KL loss at 0.001 on both sides), one epoch and one optimizer step (AdamW, the same lr and weight decay,
+constant schedule, grad-norm clip 1.0) per batch, fp32, no gradient checkpointing. Each side runs its defaults
+otherwise (Quiver: `algorithm.rollout_correction.bypass_mode=auto`, so, as TRL, no separate old-log-prob pass for
+this on-policy update).
 
 Each side runs in its own child process of this script, one after the other, so neither sees the other's threads,
 Ray workers or allocator. A step is timed from the start of generation to the end of the optimizer step (and, for
 Quiver, the weight push into the rollout engine); the first `--warmup` steps are dropped, and the ratio uses the
-median of the rest. The parent also measures how many cores other processes kept busy meanwhile ("others"): on a
+median of the rest. The parent samples /proc every 0.25 s: the peak memory of each side's process tree (the sum of
+its processes' PSS, Ray workers included), and how many cores other processes kept busy meanwhile ("others"): on a
 shared machine a figure is only worth comparing when that is near 0.
 """
 
@@ -35,7 +38,7 @@ from collections import defaultdict
 
 SIDES = ("quiver", "trl")
 # Quiver's phases in step order; "other" is the rest of the step (batch bookkeeping, balancing, Ray dispatch).
-QUIVER_PHASES = ("gen", "reward", "old_log_prob", "adv", "update_actor")
+QUIVER_PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
 # TRL's phases, measured by wrapping its `_generate` and `_calculate_rewards`; "other" is the rest of the step:
 # advantages, the loss forward/backward and the optimizer step.
 TRL_PHASES = ("gen", "reward")
@@ -72,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     shape.add_argument("--kv-heads", type=int)
     shape.add_argument("--intermediate-size", type=int)
     shape.add_argument("--vocab-size", type=int, help="embedding rows (>= the tokenizer's 768 tokens)")
+    parser.add_argument("--kl-loss", action="store_true",
+                        help="a frozen reference model and the k3 KL loss, coefficient 0.001, on both sides "
+                             "(Quiver actor.use_kl_loss=true, TRL beta=0.001)")
     parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the timing")
     parser.add_argument("--ranks", type=int, default=2, help="Quiver's FSDP ranks (trainer.n_gpus_per_node)")
     parser.add_argument("--lr", type=float, default=1e-6, help="learning rate of both sides")
@@ -179,7 +185,9 @@ def run_quiver(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
         "actor_rollout_ref.rollout.top_k=-1",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
         "actor_rollout_ref.actor.ppo_epochs=1",
-        "actor_rollout_ref.actor.use_kl_loss=false",
+        f"actor_rollout_ref.actor.use_kl_loss={str(args.kl_loss).lower()}",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
         "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.clip_ratio=0.2",
         "actor_rollout_ref.actor.loss_agg_mode=token-mean",
@@ -293,7 +301,7 @@ def run_trl(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
         adam_beta1=0.9,
         adam_beta2=0.999,
         max_grad_norm=1.0,
-        beta=0.0,
+        beta=0.001 if args.kl_loss else 0.0,  # TRL's per-token KL is the k3 estimator, as low_var_kl
         epsilon=0.2,
         loss_type="dapo",  # Quiver's token-mean: the sum over all tokens divided by their number
         scale_rewards="group",

@@ -1,4 +1,6 @@
-"""The bucketed gather of FSDP2 shards gives every full tensor, in state-dict order, for any bucket size."""
+"""Gathering FSDP2 shards: the bucketed generator gives every full tensor in state-dict order for any bucket size,
+and the gather straight into a rollout engine's tensors writes the same values (rows that split evenly over the ranks
+and rows that do not, tied weights)."""
 
 import socket
 
@@ -19,14 +21,15 @@ def _rank(rank: int, world: int, port: int, results):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from verl.utils.fsdp_utils import shard_model
-    from verl.workers.fsdp_workers import full_state_dict_items
+    from verl.workers.fsdp_workers import full_state_dict_items, gather_state_dict_into
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
-        # Rows that do not split evenly over 3 ranks (vocab 50, kv projection 8 rows, norms 20), tied embeddings.
-        config = Qwen2Config(vocab_size=50, hidden_size=20, num_hidden_layers=2, num_attention_heads=5,
+        # Over 3 ranks: rows that do not split evenly (vocab 50, kv projection 8 rows, norms 20) and rows that do
+        # (q and o projections 21 rows: 7 heads of 3), tied embeddings.
+        config = Qwen2Config(vocab_size=50, hidden_size=21, num_hidden_layers=2, num_attention_heads=7,
                              num_key_value_heads=1, intermediate_size=28, max_position_embeddings=32,
                              tie_word_embeddings=True)
         model = Qwen2ForCausalLM(config)
@@ -37,6 +40,13 @@ def _rank(rank: int, world: int, port: int, results):
             assert [name for name, _ in items] == list(model.state_dict())
             for name, tensor in items:
                 torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)
+        engine = Qwen2ForCausalLM(config)  # other random weights, overwritten by the gather
+        targets = dict(engine.named_parameters(remove_duplicate=False))
+        targets.update(engine.named_buffers(remove_duplicate=False))
+        written = gather_state_dict_into(model, targets)
+        assert written == set(model.state_dict())
+        for name, tensor in engine.state_dict().items():
+            torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)
         results[rank] = "ok"
     except Exception as err:  # reported to the parent
         results[rank] = repr(err)

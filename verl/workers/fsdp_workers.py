@@ -56,6 +56,34 @@ def full_state_dict_items(module: torch.nn.Module, bucket_bytes: int = 512 << 20
     yield from _gather_bucket(bucket)
 
 
+def gather_state_dict_into(module: torch.nn.Module, targets: dict[str, torch.Tensor]) -> set[str]:
+    """Write the full value of every parameter and buffer of an FSDP2 `module` into `targets[name]`; returns the
+    names written. A dim-0-sharded tensor whose rows split evenly over the ranks is all-gathered straight into its
+    target (one collective per tensor, no full-size temporary); others go through `full_tensor()`. Tied weights
+    (one target storage under two names) are gathered once. A collective: every rank calls it."""
+    written, filled = set(), set()
+    with torch.no_grad():
+        for name, tensor in module.state_dict().items():
+            if name not in targets:
+                raise KeyError(f"weight push: {name!r} is not a parameter or buffer of the rollout model")
+            target = targets[name]
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(f"weight push: {name!r} has shape {tuple(tensor.shape)}, the rollout model "
+                                 f"expects {tuple(target.shape)}")
+            written.add(name)
+            if target.data_ptr() in filled and target.numel():
+                continue
+            filled.add(target.data_ptr())
+            direct = (isinstance(tensor, DTensor) and _is_dim0_sharded(tensor) and target.is_contiguous()
+                      and target.dtype == tensor.dtype and tensor.shape[0] % tensor.device_mesh.size() == 0)
+            if direct:
+                dist.all_gather_single(target.view(-1), tensor.to_local().detach().reshape(-1),
+                                       group=tensor.device_mesh.get_group())
+            else:
+                target.copy_(tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
+    return written
+
+
 def _is_dim0_sharded(tensor: DTensor) -> bool:
     return tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),) and tensor.dim() > 0
 
@@ -205,6 +233,10 @@ class ActorRolloutRefWorker(Worker):
     def _sync_rollout_weights(self) -> float:
         """Push the actor's current weights into the rollout engine; returns the seconds it took."""
         start = time.perf_counter()
+        if not self._lora and hasattr(self.rollout, "weight_targets"):
+            # The engine's own tensors receive the gathered shards: no full-size temporaries, no second copy.
+            self.rollout.check_all_written(gather_state_dict_into(self.actor_module, self.rollout.weight_targets()))
+            return time.perf_counter() - start
         items = full_state_dict_items(self.actor_module)
         if self._lora:  # the engine holds the base architecture: fold each adapter into its weight
             items = merge_lora_items(items, lora_scaling(self.actor_module))
@@ -230,6 +262,8 @@ class ActorRolloutRefWorker(Worker):
         """Sample one response per row of `prompts` (the driver repeats prompts n times beforehand); with the agent
         loop, `meta_info["n"]` trajectories per row (the driver does not repeat: branches need their group)."""
         start = time.perf_counter()
+        if getattr(self.rollout, "weights_released", False):  # freed by sleep() and not pushed since
+            self._sync_rollout_weights()
         self.rollout.wake_up()
         output = self.rollout.run_in_tp_group(prompts, self._generate_for_group)
         if self.config.rollout.free_cache_engine:
@@ -338,6 +372,9 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weight_fingerprint(self) -> dict[str, float]:
-        """Sums of the actor's and the rollout engine's weights (used by tests to see updates and syncs)."""
+        """Sums of the actor's and the rollout engine's weights (used by tests to see updates and syncs). An engine
+        that freed its weights while the actor trained gets them pushed first, as its next generation would."""
+        if getattr(self.rollout, "weights_released", False):
+            self._sync_rollout_weights()
         actor = sum(float(t.double().sum()) for _, t in full_state_dict_items(self.actor_module))
         return {"actor": actor, "rollout": self.rollout.weights_checksum()}

@@ -266,3 +266,26 @@ def test_generate_sequences_layout(tiny_model_dir, n, use_raw_prompt_ids):
         assert (out.batch["rollout_entropys"][row, length:] == 0).all()
         assert out.non_tensor_batch["finish_reason"][row] == completion.finish_reason
         assert out.non_tensor_batch["stop_reason"][row] == completion.stop_reason
+
+
+def test_sleep_frees_the_weights_that_the_next_push_brings_back(model):
+    """weights_follow on CPU: sleep() frees the parameters (the actor pushes a full state after its update); a push
+    reallocates them and sampling is as before; a push that misses a parameter is refused, as is sampling first."""
+    reference = greedy_tokens(HFRollout(copy.deepcopy(model), TagTokenizer()))
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer(), weights_follow=True)
+    engine.sleep()
+    assert engine.weights_released and all(p.numel() == 0 for p in engine.module.parameters())
+    assert engine.weights_checksum() != engine.weights_checksum()  # nan: nothing to report
+    with pytest.raises(RuntimeError, match="push them first"):
+        greedy_tokens(engine)
+    engine.update_weights(model.state_dict().items())
+    assert greedy_tokens(engine) == reference
+
+    engine.sleep()
+    partial = [(n, t) for n, t in model.state_dict().items() if "layers.1.mlp" not in n]
+    with pytest.raises(ValueError, match="model.layers.1.mlp"):
+        engine.update_weights(partial)
+    engine.wake_up()  # a woken engine that is not released keeps its weights
+    kept = HFRollout(copy.deepcopy(model), TagTokenizer())  # without weights_follow nothing is freed
+    kept.sleep()
+    assert not kept.weights_released and greedy_tokens(kept) == reference

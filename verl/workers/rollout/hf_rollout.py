@@ -82,6 +82,7 @@ class HFRollout(RolloutEngine):
     module: a HF causal LM that only this engine uses (weights arrive through `update_weights`).
     config: optional rollout config; `micro_batch_size` = how many sequences decode together (default: all).
     seed: seeds the engine's own torch.Generator, so the same seed and weights give the same samples.
+    weights_follow: the caller pushes the actor's full weights after every update, so on CPU `sleep` may free them.
     """
 
     def __init__(
@@ -91,9 +92,13 @@ class HFRollout(RolloutEngine):
         config=None,
         device: str | torch.device = "cpu",
         seed: int | None = None,
+        weights_follow: bool = False,
     ):
         self.device = torch.device(device)
         self.module = module.to(self.device)
+        self.weights_follow = weights_follow
+        self.weights_released = False
+        self._param_shapes = {param: param.shape for param in self.module.parameters()}
         self.tokenizer = tokenizer
         self.micro_batch_size = config_value(config, "micro_batch_size")
         self.generator = None
@@ -114,7 +119,8 @@ class HFRollout(RolloutEngine):
     def build(cls, *, model_path, tokenizer, config, device, seed, load_module, weights_follow, tokenizer_path=None,
               trust_remote_code=False, hf_overrides=None) -> HFRollout:
         """See `RolloutEngine.build`: this engine runs the module `load_module()` returns."""
-        return cls(module=load_module(), tokenizer=tokenizer, config=config, device=device, seed=seed)
+        return cls(module=load_module(), tokenizer=tokenizer, config=config, device=device, seed=seed,
+                   weights_follow=weights_follow)
 
     # ---- generation -------------------------------------------------------------------------------------------
 
@@ -135,6 +141,9 @@ class HFRollout(RolloutEngine):
         requests = [list(ids) for ids in prompt_token_ids for _ in range(shared.n)]
         max_tokens = [p.max_tokens for p in per_prompt for _ in range(shared.n)]
         micro_batch_size = self.micro_batch_size or max(len(requests), 1)
+        if self.weights_released:
+            raise RuntimeError("HFRollout.generate: the weights were released by sleep(); push them first "
+                               "(update_weights)")
         self.module.eval()
         completions: list[CompletionOutput] = []
         with torch.no_grad():
@@ -257,10 +266,12 @@ class HFRollout(RolloutEngine):
         Tied weights (e.g. `lm_head.weight` and `model.embed_tokens.weight`) share storage, so either name updates
         both. Sharded tensors (FSDP2 DTensors) are gathered first.
         """
-        targets = dict(self.module.named_parameters(remove_duplicate=False))
-        targets.update(self.module.named_buffers(remove_duplicate=False))
+        released = self.weights_released
+        targets = self.weight_targets()
+        written = set()
         with torch.no_grad():
             for name, tensor in named_tensors:
+                written.add(name)
                 if name not in targets:
                     raise KeyError(
                         f"update_weights: {name!r} is not a parameter or buffer of the rollout model "
@@ -275,16 +286,46 @@ class HFRollout(RolloutEngine):
                         f"expects {tuple(target.shape)}"
                     )
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+        if released:
+            self.check_all_written(written)
+
+    def check_all_written(self, written: set[str]) -> None:
+        """After a push into released weights, every parameter must have been written (else it holds garbage)."""
+        names = {id(p): n for n, p in self.module.named_parameters(remove_duplicate=False) if n in written}
+        missing = [n for n, p in self.module.named_parameters() if id(p) not in names]
+        if missing:
+            raise ValueError(f"update_weights: the engine's weights were released while the actor trained, and the "
+                             f"push did not bring {missing[:5]}; push every parameter (or set "
+                             f"actor_rollout_ref.rollout.free_cache_engine=false)")
 
     def weights_checksum(self) -> float:
+        if self.weights_released:
+            return float("nan")
         return sum(float(t.sum(dtype=torch.float64)) for t in self.module.state_dict().values())
 
     def sleep(self) -> None:
-        """Move the weights to host memory while the actor trains (nothing to free on CPU)."""
+        """While the actor trains: on GPU move the weights to host memory; on CPU, when the actor pushes its weights
+        after every update (`weights_follow`), free them (the full model per rank is the largest thing the actor's
+        update does not need); the next `update_weights` allocates them again."""
         if self.device.type != "cpu":
             self.module.to("cpu")
             torch.cuda.empty_cache()
+        elif self.weights_follow and not self.weights_released:
+            for param in self.module.parameters():  # tied weights are one Parameter: freed once
+                param.data = param.data.new_empty(0)
+            self.weights_released = True
 
     def wake_up(self) -> None:
         if self.device.type != "cpu":
             self.module.to(self.device)
+
+    def weight_targets(self) -> dict[str, torch.Tensor]:
+        """The engine's parameters and buffers by name (tied weights under each of their names), allocated and
+        contiguous: the caller may write the new weights straight into them and skip `update_weights`."""
+        if self.weights_released:
+            for param in self.module.parameters():
+                param.data = torch.empty(self._param_shapes[param], dtype=param.dtype, device=self.device)
+            self.weights_released = False
+        targets = dict(self.module.named_parameters(remove_duplicate=False))
+        targets.update(self.module.named_buffers(remove_duplicate=False))
+        return targets
