@@ -41,8 +41,8 @@ from verl.utils.seqlen_balancing import balance_batch_partitions
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking, dump_generations
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
-from verl.workers.rollout.base import resolve_rollout_name
 from verl.workers.reward_manager.prob import score_a_key
+from verl.workers.rollout.base import resolve_rollout_name
 
 GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
