@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import os
 import time
 
@@ -33,27 +32,15 @@ from verl.workers.rollout.base import SamplingParams, generate_sequences, get_ro
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
 
-def full_state_dict_items(module: torch.nn.Module, bucket_bytes: int = 512 << 20):
-    """Yield (name, full tensor) for every parameter and buffer of an FSDP2 module, in state-dict order.
+def full_state_dict_items(module: torch.nn.Module):
+    """Yield (name, full tensor) for every parameter and buffer, gathering FSDP shards one tensor at a time.
 
-    The dim-0 shards of consecutive parameters are gathered together, one all-gather per `bucket_bytes` of full
-    tensors (one collective per tensor costs its latency hundreds of times per push; over gloo that adds seconds).
-    Every rank must consume the whole generator in the same order: each gather is a collective.
+    Every rank must consume the whole generator in the same order: each DTensor gather is a collective.
     """
-    bucket: list[tuple[str, DTensor]] = []
-    size = 0
     for name, tensor in module.state_dict().items():
-        if isinstance(tensor, DTensor) and _is_dim0_sharded(tensor):
-            bucket.append((name, tensor))
-            size += tensor.numel() * tensor.element_size()
-            if size >= bucket_bytes:
-                yield from _gather_bucket(bucket)
-                bucket, size = [], 0
-            continue
-        yield from _gather_bucket(bucket)
-        bucket, size = [], 0
-        yield name, (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
-    yield from _gather_bucket(bucket)
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        yield name, tensor.detach()
 
 
 def gather_state_dict_into(module: torch.nn.Module, targets: dict[str, torch.Tensor]) -> set[str]:
@@ -86,42 +73,6 @@ def gather_state_dict_into(module: torch.nn.Module, targets: dict[str, torch.Ten
 
 def _is_dim0_sharded(tensor: DTensor) -> bool:
     return tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),) and tensor.dim() > 0
-
-
-def _gather_bucket(bucket: list[tuple[str, DTensor]]):
-    """Gather the full tensors of dim-0-sharded DTensors that share a 1-D mesh and a dtype with one all-gather per
-    (mesh, dtype) group. Rank r holds rows [r*c, (r+1)*c) of each tensor, c = ceil(rows / world) (torch.chunk's
-    split, so the last ranks may hold fewer or none); each rank sends its rows padded to c."""
-    if not bucket:
-        return
-    groups: dict[tuple, list[tuple[str, DTensor]]] = {}
-    for name, tensor in bucket:
-        groups.setdefault((id(tensor.device_mesh), tensor.dtype), []).append((name, tensor))
-    full: dict[str, torch.Tensor] = {}
-    for members in groups.values():
-        mesh = members[0][1].device_mesh
-        world = mesh.size()
-        layouts, pieces = [], []  # per tensor: (rows per rank c, elements per row)
-        for _, tensor in members:
-            rows = tensor.shape[0]
-            chunk, row_numel = -(-rows // world), math.prod(tensor.shape[1:])
-            local = tensor.to_local().detach().reshape(-1)
-            pieces += [local, local.new_zeros(chunk * row_numel - local.numel())]
-            layouts.append((chunk, row_numel))
-        send = torch.cat(pieces)
-        received = send.new_empty(world * send.numel())
-        dist.all_gather_single(received, send, group=mesh.get_group())
-        received = received.view(world, -1)
-        offset = 0
-        for (name, tensor), (chunk, row_numel) in zip(members, layouts):
-            rows = tensor.shape[0]
-            parts = [received[r, offset : offset + max(0, min(chunk, rows - r * chunk)) * row_numel]
-                     for r in range(world)]
-            full[name] = torch.cat(parts).view(tensor.shape)
-            offset += chunk * row_numel
-        del received
-    for name, _ in bucket:
-        yield name, full.pop(name)
 
 
 class ActorRolloutRefWorker(Worker):
@@ -243,6 +194,11 @@ class ActorRolloutRefWorker(Worker):
         self.rollout.update_weights(items)
         return time.perf_counter() - start
 
+    def _ensure_rollout_weights(self) -> None:
+        """An engine that freed its weights while the actor trained (and got no push since) gets them back."""
+        if getattr(self.rollout, "weights_released", False):
+            self._sync_rollout_weights()
+
     # ------------------------------------------------------------------------------------------- generation
     def _sampling_params(self, meta_info: dict) -> SamplingParams:
         rollout = self.config.rollout
@@ -262,8 +218,7 @@ class ActorRolloutRefWorker(Worker):
         """Sample one response per row of `prompts` (the driver repeats prompts n times beforehand); with the agent
         loop, `meta_info["n"]` trajectories per row (the driver does not repeat: branches need their group)."""
         start = time.perf_counter()
-        if getattr(self.rollout, "weights_released", False):  # freed by sleep() and not pushed since
-            self._sync_rollout_weights()
+        self._ensure_rollout_weights()
         self.rollout.wake_up()
         output = self.rollout.run_in_tp_group(prompts, self._generate_for_group)
         if self.config.rollout.free_cache_engine:
@@ -374,7 +329,6 @@ class ActorRolloutRefWorker(Worker):
     def weight_fingerprint(self) -> dict[str, float]:
         """Sums of the actor's and the rollout engine's weights (used by tests to see updates and syncs). An engine
         that freed its weights while the actor trained gets them pushed first, as its next generation would."""
-        if getattr(self.rollout, "weights_released", False):
-            self._sync_rollout_weights()
+        self._ensure_rollout_weights()
         actor = sum(float(t.double().sum()) for _, t in full_state_dict_items(self.actor_module))
         return {"actor": actor, "rollout": self.rollout.weights_checksum()}

@@ -46,21 +46,17 @@ class DataParallelPPOActor:
         self.config = config
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
+        hf_model = actor_module.get_base_model() if hasattr(actor_module, "get_base_model") else actor_module
+        # HF models that take `logits_to_keep` apply the LM head to the last positions only.
+        self.takes_logits_to_keep = "logits_to_keep" in inspect.signature(type(hf_model).forward).parameters
 
     # ----------------------------------------------------------------------------------------------- forward
-    def _takes_logits_to_keep(self) -> bool:
-        if not hasattr(self, "_logits_to_keep"):
-            module = self.actor_module
-            hf_model = module.get_base_model() if hasattr(module, "get_base_model") else module
-            self._logits_to_keep = "logits_to_keep" in inspect.signature(type(hf_model).forward).parameters
-        return self._logits_to_keep
-
     def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool):
         """(entropy or None, log_probs), each `(batch, response_len)`, at the sampling temperature."""
         response_length = micro_batch["responses"].shape[-1]
         # The logits at position t predict token t+1, so the response tokens are predicted by the slice before them;
         # models that can (HF's `logits_to_keep`) apply the LM head to those positions only.
-        keep = {"logits_to_keep": response_length + 1} if self._takes_logits_to_keep() else {}
+        keep = {"logits_to_keep": response_length + 1} if self.takes_logits_to_keep else {}
         output = self.actor_module(
             input_ids=micro_batch["input_ids"],
             attention_mask=micro_batch["attention_mask"],

@@ -291,8 +291,8 @@ class HFRollout(RolloutEngine):
 
     def check_all_written(self, written: set[str]) -> None:
         """After a push into released weights, every parameter must have been written (else it holds garbage)."""
-        names = {id(p): n for n, p in self.module.named_parameters(remove_duplicate=False) if n in written}
-        missing = [n for n, p in self.module.named_parameters() if id(p) not in names]
+        written_ids = {id(p) for n, p in self.module.named_parameters(remove_duplicate=False) if n in written}
+        missing = [n for n, p in self.module.named_parameters() if id(p) not in written_ids]
         if missing:
             raise ValueError(f"update_weights: the engine's weights were released while the actor trained, and the "
                              f"push did not bring {missing[:5]}; push every parameter (or set "
