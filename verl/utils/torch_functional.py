@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
@@ -53,6 +54,38 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     probs = F.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+                         with_entropy: bool = False, chunk_size: int | None = None,
+                         checkpoint: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(label) and (optionally) the entropy of each position of `logits / temperature`.
+
+    logits `(..., vocab)` in any dtype, labels `(...)`; returns float32 `(...)` tensors (entropy None unless asked).
+    With `chunk_size`, the positions are taken `chunk_size` at a time, so the float32 copy, the log-softmax and the
+    softmax exist for one chunk only (verl's `entropy_from_logits_with_chunking`). With `checkpoint`, each chunk's
+    log-softmax and softmax are not kept for the backward pass but recomputed there from the chunk's logits (verl's
+    `entropy_checkpointing`). The values are those of the plain computation, row by row.
+    """
+    def stats(z: torch.Tensor, y: torch.Tensor):
+        z = z.float() / temperature
+        log_prob = logprobs_from_logits(z, y)
+        return (log_prob, entropy_from_logits(z)) if with_entropy else (log_prob,)
+
+    shape = labels.shape
+    flat_logits, flat_labels = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    rows = flat_labels.shape[0]
+    step = rows if not chunk_size or chunk_size <= 0 else chunk_size
+    parts = []
+    for start in range(0, max(rows, 1), step):
+        z, y = flat_logits[start:start + step], flat_labels[start:start + step]
+        if checkpoint and torch.is_grad_enabled() and z.requires_grad:
+            parts.append(torch.utils.checkpoint.checkpoint(stats, z, y, use_reentrant=False))
+        else:
+            parts.append(stats(z, y))
+    log_prob = torch.cat([p[0] for p in parts]).view(shape)
+    entropy = torch.cat([p[1] for p in parts]).view(shape) if with_entropy else None
+    return log_prob, entropy
 
 
 def get_response_mask(response_ids: torch.Tensor, eos_token_ids: int | list[int], dtype=torch.int64) -> torch.Tensor:

@@ -10,7 +10,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.protocol import DataProto
 from verl.utils.torch_functional import logprobs_from_logits
-from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.actor.dp_actor import DataParallelPPOActor, pack_first_fit
 
 PROMPT, RESPONSE, VOCAB = 5, 6, 50
 
@@ -210,3 +210,55 @@ def test_off_policy_update_without_old_log_probs_is_refused():
         _update(model, data, ppo_epochs=2)
     with pytest.raises(ValueError, match="mini-batches of 3"):
         _update(model, data, ppo_mini_batch_size=3)
+
+
+def _with_shared_left_padding(data, columns=3):
+    """The same batch with `columns` more padding columns on the left of every row (random ids under mask 0)."""
+    bs = len(data)
+    padded = data.batch.clone()
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        fill = torch.randint(3, VOCAB, (bs, columns)) if key == "input_ids" else torch.zeros(bs, columns,
+                                                                                              dtype=torch.long)
+        padded[key] = torch.cat([fill, data.batch[key]], -1)
+    return DataProto(batch=padded, meta_info=dict(data.meta_info))
+
+
+def test_first_fit_packing():
+    assert pack_first_fit([11, 4, 7, 11, 6, 6], 11) == [[0], [3], [1, 2], [4], [5]]
+    assert pack_first_fit([3, 2, 5], 10) == [[0, 1, 2]]
+    assert pack_first_fit([12, 1], 10) == [[0], [1]]  # too long for a bin: one of its own
+
+
+@pytest.mark.parametrize("chunking,one_row", [({}, False), ({"entropy_from_logits_with_chunking": True}, False),
+                                              ({}, True)])
+def test_remove_padding_gives_the_padded_log_probs_and_entropy(chunking, one_row, monkeypatch):
+    monkeypatch.setattr("verl.workers.actor.dp_actor.LOGITS_CHUNK", 4)
+    model = _model()
+    data = _batch(model)
+    data.meta_info.update(micro_batch_size=4, use_dynamic_bsz=False)
+    mask = data.batch["response_mask"].bool()
+    padded, padded_entropy = DataParallelPPOActor(_config(), model).compute_log_prob(data, calculate_entropy=True)
+    packed_actor = DataParallelPPOActor(_config(**chunking), model, use_remove_padding=True)
+    packed_actor.varlen_attention = one_row  # all sequences in one row, as under flash-attn's varlen kernel
+    for batch in (data, _with_shared_left_padding(data)):
+        packed, packed_entropy = packed_actor.compute_log_prob(batch, calculate_entropy=True)
+        torch.testing.assert_close(packed[mask], padded[mask], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packed_entropy[mask], padded_entropy[mask], atol=1e-5, rtol=1e-5)
+        assert torch.all(packed[~mask] == 0)
+
+
+def test_remove_padding_chunking_and_checkpointing_give_the_padded_update(monkeypatch):
+    monkeypatch.setattr("verl.workers.actor.dp_actor.LOGITS_CHUNK", 5)
+    model = _model()
+    data = _batch(model)
+    overrides = {"ppo_micro_batch_size_per_gpu": 3, "use_kl_loss": True, "entropy_coeff": 0.01}
+    reference, ref_metrics = _update(model, data, **overrides)
+    packed = copy.deepcopy(model)
+    actor = DataParallelPPOActor(_config(entropy_from_logits_with_chunking=True, entropy_checkpointing=True,
+                                         **overrides), packed, torch.optim.SGD(packed.parameters(), lr=1.0),
+                                 use_remove_padding=True)
+    metrics = actor.update_policy(_with_shared_left_padding(data))
+    for (name, p_ref), (_, p_packed) in zip(reference.named_parameters(), packed.named_parameters()):
+        torch.testing.assert_close(p_packed, p_ref, atol=1e-5, rtol=1e-4, msg=name)
+    assert metrics["actor/grad_norm"] == pytest.approx(ref_metrics["actor/grad_norm"], rel=1e-4)
+    assert metrics["actor/entropy_loss"] == pytest.approx(ref_metrics["actor/entropy_loss"], rel=1e-5)

@@ -7,6 +7,7 @@ loss aggregated over the whole (per-rank) mini-batch.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections import defaultdict
 
@@ -17,9 +18,13 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.policy_losses import entropy_aware_advantage, split_by_token_entropy, split_kl_loss
 from verl.utils.fsdp_utils import clip_grad_and_step, reshard_all
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
-from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.utils.torch_functional import logprobs_and_entropy
 
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
+# Attention kernels that keep the sequences of one packed row apart at no cost for the row's length.
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+# Positions per chunk with entropy_from_logits_with_chunking (verl's chunk: 2048 tokens).
+LOGITS_CHUNK = 2048
 
 
 def split_micro_batches(batch, micro_batch_size: int | None, max_token_len: int | None):
@@ -35,6 +40,44 @@ def split_micro_batches(batch, micro_batch_size: int | None, max_token_len: int 
     return batch.split(size), None
 
 
+def pack_first_fit(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of `lengths` grouped into bins of total length <= `capacity` (longest first, each into the first bin
+    it fits; one longer than `capacity` gets a bin of its own). Bins keep their members in index order."""
+    bins, room = [], []
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        for b, free in enumerate(room):
+            if lengths[index] <= free:
+                bins[b].append(index)
+                room[b] -= lengths[index]
+                break
+        else:
+            bins.append([index])
+            room.append(capacity - lengths[index])
+    return [sorted(members) for members in bins]
+
+
+@contextlib.contextmanager
+def lm_head_on_rows(model: torch.nn.Module, positions: torch.Tensor):
+    """Within the block, the model's LM head (its output embeddings) is applied to the hidden states of the flat
+    `positions` of `(rows, width)` only, as one row `(1, len(positions), vocab)`; yields whether it could be (a
+    model without `get_output_embeddings` computes all logits)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        yield False
+        return
+
+    def select(module, args, kwargs):
+        hidden = args[0] if args else kwargs.pop("input")
+        picked = hidden.reshape(-1, hidden.shape[-1])[positions].unsqueeze(0)
+        return (picked, *args[1:]), kwargs
+
+    handle = head.register_forward_pre_hook(select, with_kwargs=True)
+    try:
+        yield True
+    finally:
+        handle.remove()
+
+
 class DataParallelPPOActor:
     """Computes log-probs and updates the policy of one FSDP rank.
 
@@ -42,32 +85,104 @@ class DataParallelPPOActor:
     by the worker (prompts * rollout.n / ranks).
     """
 
-    def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: torch.optim.Optimizer | None = None):
+    def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: torch.optim.Optimizer | None = None,
+                 use_remove_padding: bool = False):
         self.config = config
+        self.use_remove_padding = use_remove_padding
+        # Log-prob and entropy temporaries for LOGITS_CHUNK positions at a time, and recomputed in the backward.
+        self.logits_chunk_size = LOGITS_CHUNK if config.get("entropy_from_logits_with_chunking", False) else None
+        self.entropy_checkpointing = bool(config.get("entropy_checkpointing", False))
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         hf_model = actor_module.get_base_model() if hasattr(actor_module, "get_base_model") else actor_module
         # HF models that take `logits_to_keep` apply the LM head to the last positions only.
         self.takes_logits_to_keep = "logits_to_keep" in inspect.signature(type(hf_model).forward).parameters
+        # Packed rows: one row under a varlen attention kernel; filler tokens at the end of shorter rows.
+        self.varlen_attention = getattr(hf_model.config, "_attn_implementation", None) in VARLEN_ATTENTION
+        self.filler_token_id = getattr(hf_model.config, "pad_token_id", None) or 0
 
     # ----------------------------------------------------------------------------------------------- forward
     def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool):
-        """(entropy or None, log_probs), each `(batch, response_len)`, at the sampling temperature."""
-        response_length = micro_batch["responses"].shape[-1]
+        """(entropy or None, log_probs), each `(batch, response_len)`, at the sampling temperature.
+
+        Columns that are padding in every row are cut first. With `use_remove_padding` the sequences' real tokens go
+        through the model as one packed row whose position ids restart at 0 for each sequence; the model's attention
+        keeps the sequences apart (transformers derives a block-diagonal causal mask from such position ids with sdpa
+        and eager attention, and varlen kernels with flash-attn), so no compute is spent on padding. Log-probs at
+        padded response positions are 0 on that path.
+        """
+        responses = micro_batch["responses"]
+        response_length = responses.shape[-1]
+        attention_mask = micro_batch["attention_mask"]
+        # Left padding shared by all rows holds no token of any sequence.
+        first = int(attention_mask.any(dim=0).int().argmax())
+        first = min(first, attention_mask.shape[1] - response_length - 1)
+        input_ids = micro_batch["input_ids"][:, first:]
+        position_ids = micro_batch["position_ids"][:, first:]
+        attention_mask = attention_mask[:, first:]
+        chunking = {"chunk_size": self.logits_chunk_size, "checkpoint": self.entropy_checkpointing}
+        if self.use_remove_padding:
+            return self._forward_packed(input_ids, attention_mask, position_ids, responses, temperature,
+                                        calculate_entropy, chunking)
         # The logits at position t predict token t+1, so the response tokens are predicted by the slice before them;
         # models that can (HF's `logits_to_keep`) apply the LM head to those positions only.
         keep = {"logits_to_keep": response_length + 1} if self.takes_logits_to_keep else {}
-        output = self.actor_module(
-            input_ids=micro_batch["input_ids"],
-            attention_mask=micro_batch["attention_mask"],
-            position_ids=micro_batch["position_ids"],
-            use_cache=False,
-            **keep,
-        )
-        logits = output.logits[:, -response_length - 1 : -1, :].float() / temperature
-        log_probs = logprobs_from_logits(logits, micro_batch["responses"])
-        entropy = entropy_from_logits(logits) if calculate_entropy else None
+        output = self.actor_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   use_cache=False, **keep)
+        logits = output.logits[:, -response_length - 1 : -1, :]
+        log_probs, entropy = logprobs_and_entropy(logits, responses, temperature, calculate_entropy, **chunking)
         return entropy, log_probs
+
+    def _forward_packed(self, input_ids, attention_mask, position_ids, responses, temperature, calculate_entropy,
+                        chunking):
+        """The forward pass over the real tokens only, packed into rows (see `_forward_micro_batch`).
+
+        With a varlen attention kernel (flash-attn) all sequences share one row. Otherwise attention over a packed
+        row costs (row length)^2 whatever the mask, so sequences are packed first-fit-decreasing into rows no longer
+        than the padded batch's: never more rows nor longer ones than the padded pass, less padding. Rows end in
+        filler tokens that form a sequence of their own.
+        """
+        batch, length = attention_mask.shape
+        response_length = responses.shape[-1]
+        real = attention_mask.bool()
+        lengths = real.sum(dim=1).tolist()
+        capacity = sum(lengths) if self.varlen_attention else length
+        rows = pack_first_fit(lengths, capacity)
+        width = max(sum(lengths[b] for b in row) for row in rows)
+        row_of = torch.empty(batch, dtype=torch.long)
+        start = torch.empty(batch, dtype=torch.long)
+        fill = torch.empty(len(rows), dtype=torch.long)
+        for r, members in enumerate(rows):
+            offset = 0
+            for b in members:
+                row_of[b], start[b] = r, offset
+                offset += lengths[b]
+            fill[r] = offset
+        # destination[b, t]: the flat index in the packed (rows, width) tensors of token (b, t) (valid where real).
+        device = input_ids.device
+        destination = (row_of[:, None] * width + start[:, None]).to(device) + real.long().cumsum(dim=1) - 1
+        columns = torch.arange(width, device=device)
+        packed_ids = torch.full((len(rows) * width,), self.filler_token_id, dtype=input_ids.dtype, device=device)
+        packed_ids[destination[real]] = input_ids[real]
+        # Filler positions count from 0, so each row's filler is a sequence of its own.
+        packed_positions = (columns[None, :] - fill.to(device)[:, None]).flatten()
+        packed_positions[destination[real]] = position_ids[real]
+        scored = real[:, length - response_length:]  # response positions holding a token
+        # The token at position t is predicted by the logits at t - 1, a real token whenever t is one.
+        predictors = destination[:, length - response_length - 1 : length - 1][scored]
+        with lm_head_on_rows(self.actor_module, predictors) as selected:
+            output = self.actor_module(input_ids=packed_ids.view(len(rows), width),
+                                       position_ids=packed_positions.view(len(rows), width), attention_mask=None,
+                                       use_cache=False)
+        logits = output.logits[0] if selected else output.logits.flatten(0, 1)[predictors]
+        log_prob, entropy = logprobs_and_entropy(logits, responses[scored], temperature, calculate_entropy,
+                                                 **chunking)
+
+        def unpack(values):
+            return torch.zeros(batch, response_length, dtype=values.dtype, device=values.device).masked_scatter(
+                scored, values)
+
+        return (unpack(entropy) if calculate_entropy else None), unpack(log_prob)
 
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
