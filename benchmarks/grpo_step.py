@@ -86,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="Quiver's data.max_prompt_length (prompts are left-padded to it); "
                              "default: the longest train prompt, as TRL pads to the longest prompt of a batch")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiver-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more Hydra override for Quiver's side (repeatable), e.g. to measure a lever "
+                             "A/B: --quiver-override actor_rollout_ref.rollout.share_cpu_engine=false")
     parser.add_argument("--side", choices=("both", *SIDES), default="both", help="run one side only")
     parser.add_argument("--out", help="write the results as JSON to this file")
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)  # set by the parent for its children
@@ -207,6 +210,7 @@ def run_quiver(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
         "trainer.resume_mode=disable",
         "trainer.save_freq=-1",
         f"trainer.default_local_dir={args.work_dir}/checkpoints",
+        *args.quiver_override,
     ]
     try:
         history = run_ppo(load_config(overrides=overrides))

@@ -188,3 +188,24 @@ def test_on_policy_steps_skip_the_old_log_prob_pass(ray_session, tiny_model_dir,
             assert torch.equal(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"])
         else:
             assert "old_log_probs" not in batch.batch.keys()
+
+
+def test_one_shared_cpu_engine_serves_both_ranks(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
+    """share_cpu_engine=true: rank 0 alone holds the HF engine and generates for both ranks; each rank gets its own
+    share of the batch, the engine gets the updated weights, and its log-probs are the actor's."""
+    from e2e_utils import fit_trainer
+
+    trainer, history, before, after, batch = fit_trainer(
+        tiny_overrides(tiny_model_dir, arithmetic_data_dir, "actor_rollout_ref.rollout.share_cpu_engine=true",
+                       "algorithm.rollout_correction.bypass_mode=false", "trainer.total_training_steps=2",
+                       f"trainer.default_local_dir={tmp_path}"),
+        tiny_model_dir, probe_step=True)
+    assert [info["engine"] for info in trainer.rollout_info] == ["NodeSharedEngine"] * 2
+    assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
+    for rank in after:  # the checksum of the one engine, seen from each rank
+        assert rank["rollout"] == pytest.approx(rank["actor"], rel=1e-6)
+    for m in history:
+        assert m["training/rollout_actor_logprob_diff_max"] < 1e-3
+        assert m["response_length/mean"] > 0
+    prompts = batch.batch["prompts"]
+    assert len(batch) == len(prompts) and len({tuple(row.tolist()) for row in prompts}) > 1

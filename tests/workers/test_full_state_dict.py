@@ -1,6 +1,7 @@
 """Gathering FSDP2 shards: the generator gives every full tensor in state-dict order, and the gather straight into
 a rollout engine's tensors writes the same values (rows that split evenly over the ranks
-and rows that do not, tied weights)."""
+and rows that do not, tied weights), on every rank or on one. The node-shared engine runs the work of all ranks on
+rank 0 and hands each rank its own results, or the leader's error."""
 
 import socket
 
@@ -46,6 +47,19 @@ def _rank(rank: int, world: int, port: int, results):
         assert written == set(model.state_dict())
         for name, tensor in engine.state_dict().items():
             torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)
+        # Only rank 1 receives (a node-shared engine); the others send their shards and write nothing.
+        leader = Qwen2ForCausalLM(config) if rank == 1 else None
+        targets = None
+        if leader is not None:
+            targets = dict(leader.named_parameters(remove_duplicate=False))
+            targets.update(leader.named_buffers(remove_duplicate=False))
+        written = gather_state_dict_into(model, targets, dst=1)
+        if leader is not None:
+            assert written == set(model.state_dict())
+            for name, tensor in leader.state_dict().items():
+                torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0, msg=name)
+        else:
+            assert written == set()
         results[rank] = "ok"
     except Exception as err:  # reported to the parent
         results[rank] = repr(err)
@@ -57,4 +71,49 @@ def _rank(rank: int, world: int, port: int, results):
 def test_bucketed_gather_equals_the_unsharded_weights(world):
     results = mp.Manager().dict()
     mp.spawn(_rank, args=(world, _free_port(), results), nprocs=world, join=True)
+    assert dict(results) == {rank: "ok" for rank in range(world)}
+
+
+def _shared_rank(rank: int, world: int, port: int, results):
+    from verl.workers.rollout.shared import NodeSharedEngine
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        class Engine:
+            def weights_checksum(self):
+                return 42.0
+
+        shared = NodeSharedEngine(Engine() if rank == 0 else None, threads=world)
+        seen = {}
+
+        def work(items):
+            seen["threads"] = torch.get_num_threads()
+            return [[item * 10 for item in batch] for batch in items]
+
+        mine = shared.run_in_tp_group([rank, rank + 100], work)
+        assert mine == [rank * 10, (rank + 100) * 10], mine
+        assert seen == ({"threads": world} if rank == 0 else {}), seen  # the leader runs with every rank's threads
+        assert torch.get_num_threads() == 1
+        assert shared.weights_checksum() == 42.0  # the leader's, on every rank
+
+        def failing(items):
+            raise ValueError("prompt too long")
+
+        try:
+            shared.run_in_tp_group([rank], failing)
+            raise AssertionError("no error")
+        except (ValueError, RuntimeError) as err:
+            assert "prompt too long" in str(err), err
+        results[rank] = "ok"
+    except Exception as err:  # reported to the parent
+        results[rank] = repr(err)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_node_shared_engine_runs_every_ranks_work_on_rank_0():
+    world = 3
+    results = mp.Manager().dict()
+    mp.spawn(_shared_rank, args=(world, _free_port(), results), nprocs=world, join=True)
     assert dict(results) == {rank: "ok" for rank in range(world)}

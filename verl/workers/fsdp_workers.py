@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import socket
 import time
 
 import numpy as np
@@ -28,6 +29,7 @@ from verl.utils.lora import apply_lora, lora_scaling, merge_lora_items
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.rollout.agent_loop import build_agent_loop
 from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls, resolve_rollout_name
+from verl.workers.rollout.shared import NodeSharedEngine
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
@@ -43,32 +45,69 @@ def full_state_dict_items(module: torch.nn.Module):
         yield name, tensor.detach()
 
 
-def gather_state_dict_into(module: torch.nn.Module, targets: dict[str, torch.Tensor]) -> set[str]:
+# share_cpu_engine=null shares the HF engine from this many actor parameters on: a model of hundreds of MB no cache
+# holds, decoded at a rate set by memory bandwidth (measured: a 344K-parameter model decodes faster with one engine per
+# rank, the Qwen2.5-0.5B shape faster with one shared engine; benchmarks/README.md).
+SHARED_ENGINE_MIN_PARAMETERS = 50_000_000
+
+
+def gather_state_dict_into(module: torch.nn.Module, targets: dict[str, torch.Tensor] | None,
+                           dst: int | None = None) -> set[str]:
     """Write the full value of every parameter and buffer of an FSDP2 `module` into `targets[name]`; returns the
-    names written. A dim-0-sharded tensor whose rows split evenly over the ranks is all-gathered straight into its
+    names written. A dim-0-sharded tensor whose rows split evenly over the ranks is gathered straight into its
     target (one collective per tensor, no full-size temporary); others go through `full_tensor()`. Tied weights
-    (one target storage under two names) are gathered once. A collective: every rank calls it."""
-    written, filled = set(), set()
+    (one parameter under two names) are gathered once. A collective: every rank calls it.
+
+    dst: None = every rank has `targets` and receives every tensor; a rank = only that rank has `targets` (the others
+    pass None and only send their shards).
+    """
+    written, gathered = set(), {}
+    receives = dst is None or dist.get_rank() == dst
+    if receives and targets is None:
+        raise ValueError("gather_state_dict_into: a receiving rank needs targets")
     with torch.no_grad():
         for name, tensor in module.state_dict().items():
-            if name not in targets:
-                raise KeyError(f"weight push: {name!r} is not a parameter or buffer of the rollout model")
-            target = targets[name]
-            if tuple(target.shape) != tuple(tensor.shape):
-                raise ValueError(f"weight push: {name!r} has shape {tuple(tensor.shape)}, the rollout model "
-                                 f"expects {tuple(target.shape)}")
-            written.add(name)
-            if target.data_ptr() in filled and target.numel():
+            target = targets.get(name) if receives else None
+            if receives:
+                if target is None:
+                    raise KeyError(f"weight push: {name!r} is not a parameter or buffer of the rollout model")
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(f"weight push: {name!r} has shape {tuple(tensor.shape)}, the rollout model "
+                                     f"expects {tuple(target.shape)}")
+                written.add(name)
+            source = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            key = (source.data_ptr(), tuple(tensor.shape)) if source.numel() else name
+            if key in gathered:  # a tied weight: gathered already; copy unless the engine ties it too
+                first = gathered[key]
+                if receives and first is not None and target.data_ptr() != first.data_ptr():
+                    target.copy_(first)
                 continue
-            filled.add(target.data_ptr())
-            direct = (isinstance(tensor, DTensor) and _is_dim0_sharded(tensor) and target.is_contiguous()
-                      and target.dtype == tensor.dtype and tensor.shape[0] % tensor.device_mesh.size() == 0)
-            if direct:
-                dist.all_gather_single(target.view(-1), tensor.to_local().detach().reshape(-1),
-                                       group=tensor.device_mesh.get_group())
-            else:
-                target.copy_(tensor.full_tensor() if isinstance(tensor, DTensor) else tensor)
+            gathered[key] = target
+            _gather_one(tensor, target, dst)
     return written
+
+
+def _gather_one(tensor: torch.Tensor, target: torch.Tensor | None, dst: int | None) -> None:
+    """The full value of `tensor` into `target` (on `dst` only, or on every rank when dst is None). Which collective
+    runs depends on `tensor` alone, so that every rank takes the same path."""
+    if not (isinstance(tensor, DTensor) and _is_dim0_sharded(tensor)
+            and tensor.shape[0] % tensor.device_mesh.size() == 0):
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        if target is not None:
+            target.copy_(full)
+        return
+    group = tensor.device_mesh.get_group()
+    shard = tensor.to_local().detach().reshape(-1)
+    out = target
+    if target is not None and not (target.is_contiguous() and target.dtype == shard.dtype):
+        out = torch.empty(target.shape, dtype=shard.dtype, device=shard.device)
+    if dst is None:
+        dist.all_gather_single(out.view(-1), shard, group=group)
+    else:
+        chunks = list(out.view(-1).chunk(dist.get_world_size(group))) if out is not None else None
+        dist.gather(shard, chunks, dst=dst, group=group)
+    if out is not target:
+        target.copy_(out)
 
 
 def _is_dim0_sharded(tensor: DTensor) -> bool:
@@ -154,39 +193,71 @@ class ActorRolloutRefWorker(Worker):
                                    model_cfg.get("exclude_modules"))
             self.actor_module = shard_model(model, self._mesh, self.device, self.config.actor.fsdp_config)
             self.actor_optimizer, self.actor_lr_scheduler = self._build_optimizer(self.actor_module)
-            self.actor = DataParallelPPOActor(self.config.actor, self.actor_module, self.actor_optimizer)
+            self.actor = DataParallelPPOActor(self.config.actor, self.actor_module, self.actor_optimizer,
+                                              use_remove_padding=model_cfg.use_remove_padding)
         if self._is_ref and self._lora:  # the base model is the actor with its adapter switched off
-            self.ref_policy = DataParallelPPOActor(self.config.ref, self.actor_module)
+            self.ref_policy = DataParallelPPOActor(self.config.ref, self.actor_module,
+                                                   use_remove_padding=model_cfg.use_remove_padding)
         elif self._is_ref:
             ref_model = self._load_hf_model()
             ref_model.requires_grad_(False)
             self.ref_module = shard_model(ref_model, self._mesh, self.device, self.config.ref.fsdp_config)
-            self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module)
+            self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module,
+                                                   use_remove_padding=model_cfg.use_remove_padding)
         if self._is_rollout:
             rollout = self.config.rollout
             name = resolve_rollout_name(rollout.name, self.device)
             # The HF engine samples from the rank's torch RNG (which checkpoints save); vLLM has its own seed, the
             # same on the ranks of one tensor-parallel group (they are one engine).
             seed = None if name == "hf" else rollout.seed + self.rank // rollout.tensor_model_parallel_size
-            self.rollout = get_rollout_cls(name).build(
-                model_path=os.path.expanduser(model_cfg.path), tokenizer=self.tokenizer, config=rollout,
-                device=str(self._torch_device), seed=seed,
-                load_module=self._load_hf_model, weights_follow=self._is_actor,
-                tokenizer_path=os.path.expanduser(model_cfg.tokenizer_path) if model_cfg.tokenizer_path else None,
-                trust_remote_code=model_cfg.trust_remote_code,
-                hf_overrides=OmegaConf.to_container(model_cfg.override_config, resolve=True))
-            self.agent_loop = None
-            if uses_agent_loop(self.config.rollout):
+            shared = self._shares_cpu_engine(name)
+            engine = None
+            if not shared or self.rank == 0:
+                engine = get_rollout_cls(name).build(
+                    model_path=os.path.expanduser(model_cfg.path), tokenizer=self.tokenizer, config=rollout,
+                    device=str(self._torch_device), seed=seed,
+                    load_module=self._load_hf_model, weights_follow=self._is_actor,
+                    tokenizer_path=os.path.expanduser(model_cfg.tokenizer_path) if model_cfg.tokenizer_path else None,
+                    trust_remote_code=model_cfg.trust_remote_code,
+                    hf_overrides=OmegaConf.to_container(model_cfg.override_config, resolve=True))
+            self.rollout = NodeSharedEngine(engine, torch.get_num_threads() * self.world_size) if shared else engine
+            self.agent_loop = None  # on a shared engine, only rank 0 runs the loop (and its tools)
+            if uses_agent_loop(self.config.rollout) and engine is not None:
                 self.agent_loop = build_agent_loop(self.rollout, self.tokenizer, self.config.rollout, self.rank)
             if self._is_actor:
                 self._sync_rollout_weights()
+
+    def _shares_cpu_engine(self, name: str) -> bool:
+        """Whether this group's ranks use one HF engine on rank 0 (`rollout.share_cpu_engine`; see
+        verl/workers/rollout/shared.py): when asked for, and by default for the HF engine on CPU when the actor is
+        large enough for decoding to be bound by reading its weights; only with every rank on one node (a
+        collective)."""
+        setting = self.config.rollout.share_cpu_engine
+        if setting and (name != "hf" or self.device != "cpu"):
+            raise ValueError(f"actor_rollout_ref.rollout.share_cpu_engine=true needs the hf engine on CPU (here "
+                             f"{name} on {self.device}); set it to null or false")
+        if setting is None:
+            parameters = sum(p.numel() for p in self.actor_module.parameters()) if self._is_actor else 0
+            setting = None if parameters >= SHARED_ENGINE_MIN_PARAMETERS else False
+        if setting is False or self.world_size == 1 or name != "hf" or self.device != "cpu":
+            return False
+        hosts = [None] * self.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        if len(set(hosts)) > 1:
+            if setting:
+                raise ValueError(f"actor_rollout_ref.rollout.share_cpu_engine=true needs every rank on one node; "
+                                 f"the ranks run on {sorted(set(hosts))}")
+            return False
+        return True
 
     def _sync_rollout_weights(self) -> float:
         """Push the actor's current weights into the rollout engine; returns the seconds it took."""
         start = time.perf_counter()
         if not self._lora and hasattr(self.rollout, "weight_targets"):
             # The engine's own tensors receive the gathered shards: no full-size temporaries, no second copy.
-            self.rollout.check_all_written(gather_state_dict_into(self.actor_module, self.rollout.weight_targets()))
+            written = gather_state_dict_into(self.actor_module, self.rollout.weight_targets(),
+                                             dst=getattr(self.rollout, "push_destination", None))
+            self.rollout.check_all_written(written)
             return time.perf_counter() - start
         items = full_state_dict_items(self.actor_module)
         if self._lora:  # the engine holds the base architecture: fold each adapter into its weight
@@ -312,8 +383,6 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def node_info(self) -> dict[str, object]:
         """Where this rank runs: its rank, Ray node id and host name."""
-        import socket
-
         import ray
 
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname()}
