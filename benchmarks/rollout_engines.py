@@ -1,18 +1,33 @@
-"""Rollout throughput and weight-push time: the vLLM engine against the HF engine, same model, prompts and settings.
+"""Rollout throughput and weight-push time: the vLLM engine against the HF engine and transformers' `generate`,
+same model, prompts and settings.
 
     .venv/bin/python benchmarks/rollout_engines.py                       # tiny model, 64 prompts x 8 x 64 tokens
     .venv/bin/python benchmarks/rollout_engines.py --hidden-size 256 --layers 4 --out /tmp/engines.json
+    .venv/bin/python benchmarks/rollout_engines.py --engines hf,generate  # Quiver's HF loop against model.generate
+    .venv/bin/python benchmarks/rollout_engines.py --preset qwen2.5-0.5b  # Qwen2.5-0.5B's shape, random weights:
+                                                                          # 2 prompts x 4 x 64 tokens, 2 threads
+    .venv/bin/python benchmarks/rollout_engines.py --preset qwen2.5-0.5b --dtype bfloat16 --engines hf,generate
 
-Both engines get the same token-id prompts (the arithmetic train prompts, chat template applied), sample
-`--n` completions of at most `--response-length` tokens at temperature 1 (`ignore_eos`-free: an untrained model
-rarely stops, so nearly every completion is full length), and report generated tokens per second over `--repeats`
-calls after one warm-up call. The weight push is `update_weights` with the model's full state dict, as the trainer
-does after every actor update (median of `--repeats`). vLLM starts with `load_format=dummy` and gets its weights by
-that push, so both engines sample from the same weights.
+The engines ("hf" = Quiver's `HFRollout`, "generate" = transformers' `model.generate`, "vllm" = Quiver's
+`VLLMRollout`; pick with `--engines`) get the same token-id prompts (the arithmetic train prompts, chat template
+applied), sample `--n` completions of at most `--response-length` tokens at temperature 1, no top-p / top-k
+(`ignore_eos`-free: an untrained model rarely stops, so nearly every completion is full length), and report
+generated tokens per second over `--repeats` calls after one warm-up call. `generate` decodes the left-padded
+prompts with `do_sample=True, temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=n`; its completions are
+counted up to and including their first EOS, as the engines count theirs. The weight push is `update_weights` with
+the model's full state dict, as the trainer does after every actor update (median of `--repeats`; `generate` has
+none). vLLM starts with `load_format=dummy` and gets its weights by that push, so all engines sample from the same
+weights.
+
+The model is built once with random weights by `verl.utils.tiny_model.build_tiny_model`: the tiny Qwen2 (hidden
+64, 2 layers, heads of size 32, one KV head, intermediate 2 x hidden), or the shape of `--preset` / the shape flags
+(explicit flags win over the preset), and loaded in `--dtype` by the HF engines. vLLM gets `rollout.dtype` too, but
+`VLLMRollout` runs float32 on CPU whatever it says (the pushed weights are cast into its float32 parameters).
 
 Each engine runs in its own child process of this script, one after the other (vLLM starts its engine in the
-process that calls it, and changes process-wide torch settings). The parent prints both results and the ratio
-vLLM / HF, and how many cores other processes kept busy meanwhile ("others"); compare only runs where that is near 0.
+process that calls it, and changes process-wide torch settings). The parent prints the results, their ratios to
+the HF engine, each child's peak memory (PSS of its process tree) and how many cores other processes kept busy
+meanwhile ("others"); compare only runs where that is near 0.
 """
 
 from __future__ import annotations
@@ -25,23 +40,66 @@ import sys
 import tempfile
 import time
 
-ENGINES = ("hf", "vllm")
+from grpo_step import PRESETS as GRPO_PRESETS
+from grpo_step import SHAPE_FLAGS, model_shape, run_and_measure
+
+ENGINES = ("hf", "generate", "vllm")
+DTYPES = ("float32", "bfloat16")
+# --preset: a real model's shape (the same as benchmarks/grpo_step.py's) and the job measured at that shape.
+PRESETS = {
+    "qwen2.5-0.5b": {
+        "shape": GRPO_PRESETS["qwen2.5-0.5b"]["shape"],
+        "job": {"prompts": 2, "n": 4, "response_length": 64, "threads": 2, "repeats": 2},
+    },
+}
+JOB_DEFAULTS = {"prompts": 64, "n": 8, "response_length": 64, "repeats": 3, "threads": 1}
+# The tiny model without a preset; heads (of size 32) and the intermediate size follow the hidden size.
+TINY_SHAPE = {"hidden_size": 64, "layers": 2, "kv_heads": 1}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=64, help="prompts per generate call")
-    parser.add_argument("--n", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--response-length", type=int, default=64, help="max tokens per completion")
-    parser.add_argument("--repeats", type=int, default=3, help="timed generate calls and weight pushes")
-    parser.add_argument("--hidden-size", type=int, default=64, help="tiny model width (head size stays 32)")
-    parser.add_argument("--layers", type=int, default=2, help="tiny model depth")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads in each engine's process")
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="a real model's shape (random weights) and its job size: qwen2.5-0.5b = 24 layers, hidden "
+                             "896, 14/2 heads, intermediate 4864, vocab 151936; 2 prompts x 4 samples x 64 tokens, "
+                             "2 threads, 2 repeats")
+    parser.add_argument("--engines", default=",".join(ENGINES),
+                        help=f"comma list of engines to run, in this order (default {','.join(ENGINES)})")
+    parser.add_argument("--prompts", type=int, help="prompts per generate call; default 64")
+    parser.add_argument("--n", type=int, help="samples per prompt; default 8")
+    parser.add_argument("--response-length", type=int, help="max tokens per completion; default 64")
+    parser.add_argument("--repeats", type=int, help="timed generate calls and weight pushes; default 3")
+    parser.add_argument("--threads", type=int, help="torch threads in each engine's process; default 1")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="the HF engines' model dtype, and vLLM's rollout.dtype (which it ignores on CPU)")
+    shape = parser.add_argument_group("model shape (default: hidden 64, 2 layers, hidden/32 heads, 1 KV head, "
+                                      "intermediate 2 x hidden, the tokenizer's vocab)")
+    shape.add_argument("--hidden-size", type=int)
+    shape.add_argument("--layers", type=int)
+    shape.add_argument("--heads", type=int, help="default hidden/32 (heads of size 32)")
+    shape.add_argument("--kv-heads", type=int)
+    shape.add_argument("--intermediate-size", type=int, help="default 2 x hidden")
+    shape.add_argument("--vocab-size", type=int, help="embedding rows (>= the tokenizer's 768 tokens)")
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     parser.add_argument("--engine", choices=ENGINES, default=None, help=argparse.SUPPRESS)  # child mode
     parser.add_argument("--model", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    preset = PRESETS.get(args.preset, {})
+    for name, value in {**JOB_DEFAULTS, **TINY_SHAPE, **preset.get("job", {}), **preset.get("shape", {})}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.heads is None:
+        args.heads = max(1, args.hidden_size // 32)
+    if args.intermediate_size is None:
+        args.intermediate_size = 2 * args.hidden_size
+    args.engines = [name.strip() for name in args.engines.split(",") if name.strip()]
+    unknown = sorted(set(args.engines) - set(ENGINES))
+    if unknown or not args.engines:
+        parser.error(f"--engines: unknown {unknown or 'empty list'}; choose from {','.join(ENGINES)}")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
 
 
 def prompts_token_ids(model_dir: str, count: int) -> list[list[int]]:
@@ -62,16 +120,20 @@ def run_engine(args: argparse.Namespace) -> dict:
 
     from verl.workers.rollout.base import SamplingParams, get_rollout_cls
 
+    if args.engine == "generate":
+        return run_generate(args)
     torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
     state = list(model.state_dict().items())
-    config = {"prompt_length": 128, "response_length": args.response_length, "max_num_seqs": 1024}
+    config = {"prompt_length": 128, "response_length": args.response_length, "max_num_seqs": 1024,
+              "dtype": args.dtype}
     start = time.perf_counter()
     # The HF engine gets its own copy of the model, as in the trainer, so a push really copies.
     engine = get_rollout_cls(args.engine).build(
         model_path=args.model, tokenizer=tokenizer, config=config, device="cpu", seed=0,
-        load_module=lambda: AutoModelForCausalLM.from_pretrained(args.model), weights_follow=True)
+        load_module=lambda: AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype), weights_follow=True)
     engine.update_weights(state)
     startup = time.perf_counter() - start
     torch.set_num_threads(args.threads)
@@ -94,38 +156,90 @@ def run_engine(args: argparse.Namespace) -> dict:
             "parameters": sum(t.numel() for _, t in state)}
 
 
+def run_generate(args: argparse.Namespace) -> dict:
+    """Child process: time transformers' `model.generate` on the left-padded prompts (no weight push)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
+    startup = time.perf_counter() - start
+    generation_config = model.generation_config
+    eos = generation_config.eos_token_id
+    eos_ids = torch.tensor([eos] if isinstance(eos, int) else list(eos))
+    pad_id = generation_config.pad_token_id if generation_config.pad_token_id is not None else int(eos_ids[0])
+    prompts = prompts_token_ids(args.model, args.prompts)
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(0)
+
+    def generate() -> int:
+        """One call; returns the generated tokens, each completion counted up to and including its first EOS."""
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=True,
+                                 temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=args.response_length,
+                                 num_return_sequences=args.n, pad_token_id=pad_id)
+        new = out[:, width:]
+        is_eos = torch.isin(new, eos_ids)
+        lengths = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, new.shape[1])
+        return int(lengths.sum())
+
+    generate()  # warm-up
+    rates = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        tokens = generate()
+        rates.append(tokens / (time.perf_counter() - start))
+    return {"engine": args.engine, "tokens_per_second": statistics.median(rates), "rates": rates,
+            "push_seconds": None, "startup_seconds": startup,
+            "parameters": sum(t.numel() for t in model.state_dict().values())}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.engine:
         with open(args.result, "w") as f:
             json.dump(run_engine(args), f)
         return 0
-    from grpo_step import run_and_measure
-
     from verl.utils.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")
-        build_tiny_model(model_dir, hidden_size=args.hidden_size, num_layers=args.layers,
-                         num_heads=args.hidden_size // 32, num_kv_heads=1, intermediate_size=2 * args.hidden_size)
+        build_tiny_model(model_dir, **model_shape(args))
         results = {}
-        for engine in ENGINES:
+        for engine in args.engines:
             result_path = os.path.join(tmp, f"{engine}.json")
             child = [sys.executable, __file__, "--engine", engine, "--model", model_dir, "--result", result_path]
-            for key in ("prompts", "n", "response_length", "repeats", "threads"):
+            for key in ("prompts", "n", "response_length", "repeats", "threads", "dtype"):
                 child += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-            others = run_and_measure(child, dict(os.environ, TOKENIZERS_PARALLELISM="false"))["foreign_cpu_cores"]
+            measured = run_and_measure(child, dict(os.environ, TOKENIZERS_PARALLELISM="false"))
             with open(result_path) as f:
-                results[engine] = {**json.load(f), "others": others}
-    hf, vllm = results["hf"], results["vllm"]
-    print(f"model: {hf['parameters']:,} parameters (hidden {args.hidden_size}, {args.layers} layers); "
-          f"{args.prompts} prompts x {args.n} samples x {args.response_length} tokens, {args.threads} thread(s)")
-    print(f"{'engine':<8}{'tokens/s':>12}{'push s':>10}{'start s':>10}{'others':>8}")
+                results[engine] = {**json.load(f), "others": measured["foreign_cpu_cores"],
+                                   "peak_gb": measured["peak_tree_gb"]}
+    first = next(iter(results.values()))
+    shape = ", ".join(f"{flag.replace('_', ' ')} {getattr(args, flag)}" for flag in SHAPE_FLAGS
+                      if getattr(args, flag) is not None)
+    print(f"model: {first['parameters']:,} parameters ({args.preset or 'tiny'}: {shape}), {args.dtype}; "
+          f"{args.prompts} prompts x {args.n} samples x {args.response_length} tokens, {args.threads} thread(s), "
+          f"{args.repeats} repeat(s)")
+    print(f"{'engine':<10}{'tokens/s':>12}{'push s':>10}{'start s':>10}{'peak GB':>9}{'others':>8}")
     for name, r in results.items():
-        print(f"{name:<8}{r['tokens_per_second']:>12,.0f}{r['push_seconds']:>10.3f}{r['startup_seconds']:>10.1f}"
-              f"{r['others']:>8.2f}")
-    print(f"vLLM / HF generation throughput: {vllm['tokens_per_second'] / hf['tokens_per_second']:.2f}x; "
-          f"weight push vLLM / HF: {vllm['push_seconds'] / hf['push_seconds']:.2f}x")
+        push = "-" if r["push_seconds"] is None else f"{r['push_seconds']:.3f}"
+        print(f"{name:<10}{r['tokens_per_second']:>12,.0f}{push:>10}{r['startup_seconds']:>10.1f}"
+              f"{r['peak_gb']:>9.2f}{r['others']:>8.2f}")
+    base = "hf" if "hf" in results else None
+    for name, r in results.items():
+        if base is None or name == base:
+            continue
+        line = f"{name} / {base} generation throughput: {r['tokens_per_second'] / results[base]['tokens_per_second']:.2f}x"
+        if r["push_seconds"] is not None:
+            line += f"; weight push {name} / {base}: {r['push_seconds'] / results[base]['push_seconds']:.2f}x"
+        print(line)
+    if "vllm" in results and args.dtype != "float32":
+        print(f"note: vLLM got rollout.dtype={args.dtype} but VLLMRollout runs float32 on CPU regardless; its row "
+              f"is float32 (the {args.dtype} weights are cast on push)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=2)
