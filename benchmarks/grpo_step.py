@@ -7,7 +7,7 @@
     .venv/bin/python benchmarks/grpo_step.py --layers 4 --hidden-size 256 --ranks 1 --out /tmp/r1.json
 
 Both sides train the same model (random weights, built once into a temp dir: the tiny Qwen2 of
-`verl.utils.tiny_model`, or the shape of `--preset` / the shape flags) on the arithmetic train prompts, with the
+`verl.demo.tiny_model`, or the shape of `--preset` / the shape flags) on the arithmetic train prompts, with the
 same GRPO step: `--prompts` prompts x `--n` samples at temperature 1, at most `--response-length` tokens each, the
 rule reward `default_compute_score("arithmetic", ...)`, group-normalised advantages (reward - mean) / std, PPO-clip
 at 0.2 with the token-mean loss (TRL's "dapo"), no KL term (beta = 0; `--kl-loss`: a frozen reference model and
@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, help="samples per prompt (rollout.n, TRL num_generations); default 8")
     parser.add_argument("--response-length", type=int, help="max tokens per response; default 32")
     parser.add_argument("--steps", type=int, help="training steps per side, warm-up included; default 6")
-    shape = parser.add_argument_group("model shape (default: the tiny model of verl.utils.tiny_model)")
+    shape = parser.add_argument_group("model shape (default: the tiny model of verl.demo.tiny_model)")
     shape.add_argument("--hidden-size", type=int)
     shape.add_argument("--layers", type=int)
     shape.add_argument("--heads", type=int)
@@ -112,8 +112,8 @@ def model_shape(args: argparse.Namespace) -> dict[str, int]:
 def prepare_inputs(work_dir: str, args: argparse.Namespace) -> tuple[str, str]:
     """Build the model (random weights, `args`' shape) and write the arithmetic task into `work_dir`; returns
     (model_dir, data_dir)."""
-    from verl.utils.dataset.arithmetic import write_arithmetic_dataset
-    from verl.utils.tiny_model import build_tiny_model
+    from verl.demo.arithmetic import write_arithmetic_dataset
+    from verl.demo.tiny_model import build_tiny_model
 
     model_dir, data_dir = os.path.join(work_dir, "model"), os.path.join(work_dir, "data")
     seed = args.seed

@@ -19,7 +19,7 @@ the model's full state dict, as the trainer does after every actor update (media
 none). vLLM starts with `load_format=dummy` and gets its weights by that push, so all engines sample from the same
 weights.
 
-The model is built once with random weights by `verl.utils.tiny_model.build_tiny_model`: the tiny Qwen2 (hidden
+The model is built once with random weights by `verl.demo.tiny_model.build_tiny_model`: the tiny Qwen2 (hidden
 64, 2 layers, heads of size 32, one KV head, intermediate 2 x hidden), or the shape of `--preset` / the shape flags
 (explicit flags win over the preset), and loaded in `--dtype` by the HF engines. vLLM gets `rollout.dtype` too, but
 `VLLMRollout` runs float32 on CPU whatever it says (the pushed weights are cast into its float32 parameters).
@@ -105,7 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def prompts_token_ids(model_dir: str, count: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from verl.utils.dataset.arithmetic import make_arithmetic_rows
+    from verl.demo.arithmetic import make_arithmetic_rows
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = make_arithmetic_rows(count, seed=0)
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
         with open(args.result, "w") as f:
             json.dump(run_engine(args), f)
         return 0
-    from verl.utils.tiny_model import build_tiny_model
+    from verl.demo.tiny_model import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")

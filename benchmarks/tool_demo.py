@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/tool_demo.py --rl-steps 5       # a quick look
 
 One tiny model (hidden 192, 4 layers) gets a cold-start SFT on the tool-arithmetic demonstrations of
-`verl/utils/dataset/tool_tasks.py` ("What is 482 * 37?": 30% answer at once, 70% call
+`verl/demo/tool_tasks.py` ("What is 482 * 37?": 30% answer at once, 70% call
 `<python>print(482 * 37)</python>` and copy the result into the answer). Then, from that SFT
 model, with the same prompts, samples per prompt (n), steps and learning rate:
 

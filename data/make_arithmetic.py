@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from verl.utils.dataset.arithmetic import SFT_WORKED_FRACTION, write_arithmetic_dataset
+from verl.demo.arithmetic import SFT_WORKED_FRACTION, write_arithmetic_dataset
 
 
 def main() -> None:

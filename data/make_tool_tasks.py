@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from verl.utils.dataset.tool_tasks import SFT_TOOL_FRACTION, write_tool_task_files
+from verl.demo.tool_tasks import SFT_TOOL_FRACTION, write_tool_task_files
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 model and its in-process trained tokenizer, saved in HF format."""
-    from verl.utils.tiny_model import build_tiny_model
+    from verl.demo.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("tiny_model")
     build_tiny_model(str(out), seed=0)
@@ -23,7 +23,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def arithmetic_data_dir(tmp_path_factory):
     """train.parquet / test.parquet of the synthetic arithmetic task in verl's row schema."""
-    from verl.utils.dataset.arithmetic import write_arithmetic_dataset
+    from verl.demo.arithmetic import write_arithmetic_dataset
 
     out = tmp_path_factory.mktemp("arithmetic")
     write_arithmetic_dataset(str(out), train_size=256, test_size=32, seed=0)

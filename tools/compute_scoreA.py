@@ -20,8 +20,8 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from verl.utils.rlpr.score_a import compute_score_a
-from verl.utils.rlpr.scoring import AGGREGATIONS
+from verl.workers.reward_manager.rlpr.score_a import compute_score_a
+from verl.workers.reward_manager.rlpr.scoring import AGGREGATIONS
 
 
 def prompt_text(tokenizer, prompt) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from verl.utils.tiny_model import build_tiny_model
+from verl.demo.tiny_model import build_tiny_model
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from e2e_utils import fit_trainer, prime_model
 
-from verl.utils.dataset.tool_tasks import ARITHMETIC_SOURCE, write_tool_task_files
+from verl.demo.tool_tasks import ARITHMETIC_SOURCE, write_tool_task_files
 
 pytestmark = pytest.mark.e2e
 

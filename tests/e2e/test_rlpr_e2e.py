@@ -9,9 +9,8 @@ import pytest
 import torch
 from e2e_utils import build_trainer, fit_trainer, prime_model, tiny_overrides
 
-from verl.utils.rlpr.score_a import compute_score_a
-from verl.utils.rlpr.splice import splice_reference
-from verl.workers.reward_manager.prob import score_a_key
+from verl.workers.reward_manager.rlpr.score_a import compute_score_a, score_a_key
+from verl.workers.reward_manager.rlpr.splice import splice_reference
 
 pytestmark = pytest.mark.e2e
 
@@ -95,7 +94,7 @@ def test_rlpr_trains_three_steps_with_the_ema_std_filter(ray_session, r1_model, 
         assert m["batch/valid"] == 32  # refilled to data.train_batch_size groups of n=4
     # E after step 2 folds in step 2's mean std: the threshold moves between steps.
     assert history[2]["batch/std_threshold"] != history[1]["batch/std_threshold"]
-    assert trainer.std_filter.ema is not None
+    assert trainer.batch_filter.filters["ema_std"].std_filter.ema is not None
     for m in history:
         for key in ("actor/pg_loss", "actor/grad_norm", "rlpr/scoreB_mean", "rlpr/valid_fraction"):
             assert math.isfinite(m[key]), (key, m)

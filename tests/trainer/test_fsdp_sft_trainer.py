@@ -12,9 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
+from verl.demo.arithmetic import make_arithmetic_rows, sft_text
 from verl.trainer import fsdp_sft_trainer
-from verl.utils.config import load_config, validate_ppo_config
-from verl.utils.dataset.arithmetic import make_arithmetic_rows, sft_text
+from verl.trainer.ppo.config_rules import validate_ppo_config
+from verl.utils.config import load_config
 
 STEPS = 30
 

@@ -1,7 +1,8 @@
 import pytest
 
 from verl.trainer.main_ppo import main
-from verl.utils.config import ConfigError, load_config, parse_cli, validate_ppo_config
+from verl.trainer.ppo.config_rules import validate_ppo_config
+from verl.utils.config import ConfigError, load_config, parse_cli
 
 
 def test_defaults_load_and_validate():
@@ -141,7 +142,7 @@ def test_seed_option_errors_name_the_keys(overrides, fragment):
 
 
 def test_vllm_settings_are_checked_before_anything_starts(tmp_path):
-    from verl.utils.tiny_model import build_tiny_model
+    from verl.demo.tiny_model import build_tiny_model
 
     narrow_heads = build_tiny_model(str(tmp_path / "model"), num_heads=4, num_kv_heads=2)  # head size 16
     cfg = load_config(overrides=[
@@ -158,3 +159,16 @@ def test_vllm_settings_are_checked_before_anything_starts(tmp_path):
     # The HF engine has no tensor parallelism to configure: verl scripts that set it still run.
     validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.name=hf", "trainer.device=cpu",
                                                "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]))
+
+
+def test_an_engine_added_with_register_rollout_passes_validation():
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY, RolloutEngine, register_rollout
+
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.name=my_engine"])
+    with pytest.raises(ConfigError, match="rollout.name='my_engine' must be one of auto, hf, vllm"):
+        validate_ppo_config(cfg)
+    register_rollout("my_engine")(type("MyEngine", (RolloutEngine,), {}))
+    try:
+        validate_ppo_config(cfg)
+    finally:
+        del _ROLLOUT_REGISTRY["my_engine"]

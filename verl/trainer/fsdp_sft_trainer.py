@@ -17,7 +17,6 @@ passed directly as `actor_rollout_ref.model.path` to `verl.trainer.main_ppo`.
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import sys
@@ -36,6 +35,7 @@ from verl.single_controller.base.worker import BACKENDS, find_free_port
 from verl.utils.config import ConfigError, need, resolve_device, run_cli
 from verl.utils.dataset.sft_dataset import FORMATS, TRUNCATION_MODES, SFTDataset
 from verl.utils.fsdp_utils import build_optimizer, clip_grad_and_step, shard_model
+from verl.utils.import_utils import import_external_libs
 from verl.utils.tracking import Tracking
 
 CONFIG_NAME = "sft_trainer"
@@ -123,8 +123,7 @@ def load_model(config: DictConfig, device: torch.device) -> torch.nn.Module:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    if config.model.external_lib:
-        importlib.import_module(config.model.external_lib)
+    import_external_libs(config.model.external_lib, key="model.external_lib")
     model = AutoModelForCausalLM.from_pretrained(
         os.path.expanduser(config.model.partial_pretrain),
         dtype=_DTYPES[config.model.fsdp_config.model_dtype],

@@ -25,7 +25,6 @@ file's name (`math500_Avg8.parquet` -> 8), else 1.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -40,8 +39,10 @@ from tqdm import tqdm
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.eval_metrics import ALL_SOURCES, compute_eval_metrics, format_metrics_table
-from verl.utils.config import ConfigError, resolve_device, run_cli, uses_agent_loop
+from verl.utils.config import ConfigError, resolve_device, run_cli
 from verl.utils.dataset.rl_dataset import read_rows
+from verl.utils.import_utils import ExternalLibError, import_external_libs
+from verl.workers.rollout.base import known_rollout_names
 
 # "AvgN" as its own token: not preceded by a letter (so "navg8" does not count) and not followed by more digits.
 _AVG_N_TOKEN = re.compile(r"(?<![a-z])avg(\d+)(?!\d)", re.IGNORECASE)
@@ -110,8 +111,10 @@ def check_generation_config(config: DictConfig) -> int:
         problems.append(f"rollout.temperature={rollout.temperature} must be >= 0 (0 means greedy)")
     if not 0 < rollout.top_p <= 1:
         problems.append(f"rollout.top_p={rollout.top_p} must be in (0, 1]")
-    if rollout.name not in ("hf", "vllm"):
-        problems.append(f"rollout.name={rollout.name!r} must be hf or vllm")
+    engines = [name for name in known_rollout_names() if name != "auto"]
+    if rollout.name not in engines:
+        problems.append(f"rollout.name={rollout.name!r} must be one of {', '.join(engines)} (an engine of your own "
+                        "is selectable once model.external_lib has imported its module)")
     elif rollout.name == "vllm":
         from verl.workers.rollout.vllm_rollout import config_problems
 
@@ -137,11 +140,10 @@ def load_tokenizer(model_config: DictConfig):
     """The model's tokenizer, after importing model.external_lib."""
     from transformers import AutoTokenizer
 
-    if model_config.external_lib:
-        try:
-            importlib.import_module(model_config.external_lib)
-        except ImportError as err:
-            raise ConfigError(f"model.external_lib={model_config.external_lib!r} could not be imported: {err}") from err
+    try:
+        import_external_libs(model_config.external_lib, key="model.external_lib")
+    except ExternalLibError as err:
+        raise ConfigError(str(err)) from err
     return AutoTokenizer.from_pretrained(os.path.expanduser(model_config.path),
                                          trust_remote_code=model_config.trust_remote_code)
 
@@ -176,8 +178,12 @@ def run_generation(config: DictConfig) -> dict[str, dict[str, float]]:
     from verl.trainer.ppo.reward import compute_reward, load_reward_manager
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
     from verl.workers.rollout.agent_loop import build_agent_loop
-    from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
+    from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls, uses_agent_loop
 
+    try:  # first, so that an engine the user's module registers passes the check
+        import_external_libs(config.model.external_lib, key="model.external_lib")
+    except ExternalLibError as err:
+        raise ConfigError(str(err)) from err
     n_samples = check_generation_config(config)
     if config.data.n_samples is None and n_samples > 1:
         print(f"[quiver] data.n_samples=null: sampling N={n_samples} per prompt (AvgN in {config.data.path})")

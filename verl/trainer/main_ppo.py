@@ -12,7 +12,9 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl.utils.config import resolve_device, run_cli, validate_ppo_config
+from verl.trainer.ppo.config_rules import announce_inert_keys, validate_ppo_config
+from verl.utils.config import ConfigError, resolve_device, run_cli
+from verl.utils.import_utils import ExternalLibError, import_external_libs
 
 
 def prepare_defaults(config: DictConfig) -> None:
@@ -20,7 +22,7 @@ def prepare_defaults(config: DictConfig) -> None:
     cache = os.path.expanduser(config.trainer.cache_dir)
     with open_dict(config):
         if config.actor_rollout_ref.model.path is None:
-            from verl.utils.tiny_model import build_tiny_model
+            from verl.demo.tiny_model import build_tiny_model
 
             path = os.path.join(cache, "tiny_model")
             if not os.path.exists(os.path.join(path, "config.json")):
@@ -28,7 +30,7 @@ def prepare_defaults(config: DictConfig) -> None:
                 build_tiny_model(path, seed=0)
             config.actor_rollout_ref.model.path = path
         if config.data.train_files is None:
-            from verl.utils.dataset.arithmetic import write_arithmetic_dataset
+            from verl.demo.arithmetic import write_arithmetic_dataset
 
             data_dir = os.path.join(cache, "data", "arithmetic")
             train, test = os.path.join(data_dir, "train.parquet"), os.path.join(data_dir, "test.parquet")
@@ -49,6 +51,9 @@ def init_ray(config: DictConfig, device: str) -> None:
     address = ray_init.pop("address", None) or os.environ.get("RAY_ADDRESS")
     n_ranks = config.trainer.nnodes * config.trainer.n_gpus_per_node
     env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
+    if config.actor_rollout_ref.model.external_lib:
+        # The workers import the user's modules as the driver did: from the launch directory or PYTHONPATH.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
     if address:
         ray.init(address=address, runtime_env={"env_vars": env})
         return
@@ -76,7 +81,12 @@ def save_resolved_config(config: DictConfig) -> str:
 def run_ppo(config: DictConfig):
     """Validate, build everything and train. Returns the per-step metrics history."""
     device = resolve_device(config.trainer.device)
+    try:  # first, so that what the user's modules register passes the checks
+        import_external_libs(config.actor_rollout_ref.model.external_lib)
+    except ExternalLibError as err:
+        raise ConfigError(str(err)) from err
     validate_ppo_config(config)
+    announce_inert_keys(config)
     prepare_defaults(config)
     validate_ppo_config(config)
     save_resolved_config(config)

@@ -23,12 +23,18 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint, save_rank_checkpoint
-from verl.utils.config import uses_agent_loop
 from verl.utils.fsdp_utils import build_optimizer, shard_model
+from verl.utils.import_utils import import_external_libs
 from verl.utils.lora import apply_lora, lora_scaling, merge_lora_items
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.rollout.agent_loop import build_agent_loop
-from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls, resolve_rollout_name
+from verl.workers.rollout.base import (
+    SamplingParams,
+    generate_sequences,
+    get_rollout_cls,
+    resolve_rollout_name,
+    uses_agent_loop,
+)
 from verl.workers.rollout.shared import NodeSharedEngine
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -125,6 +131,7 @@ class ActorRolloutRefWorker(Worker):
         self.role = role
         self.device = device
         self.seed = seed
+        import_external_libs(config.model.get("external_lib"))  # what the user's modules register, here too
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")

@@ -192,8 +192,9 @@ def test_aspo_values_and_metrics_hand_computed():
         0.5 * 3.0 * math.log(4.0),  # A<0, r > c: -A c log_prob
     ]
     assert loss.item() == pytest.approx(sum(values) / 6, rel=1e-6)
-    assert metrics["actor/pg_clipfrac_upper"] == pytest.approx(1 / 6)
-    assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(1 / 6)
+    assert metrics["actor/positive_pg_clipfrac"] == pytest.approx(1 / 6)
+    assert metrics["actor/negative_pg_clipfrac"] == pytest.approx(1 / 6)
+    assert "actor/pg_clipfrac_lower" not in metrics  # verl's name for the dual-clip fraction, not ASPO's lower clip
     assert metrics["actor/pg_clipfrac"] == pytest.approx(2 / 6)
     assert metrics["actor/negative_pg_clipfrac_dual"] == pytest.approx(1 / 6)
     assert metrics["actor/positive_pg_clipfrac_dual"] == pytest.approx(1 / 6)

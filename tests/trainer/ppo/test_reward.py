@@ -115,3 +115,26 @@ def test_load_reward_manager_unknown_manager():
 def test_compute_reward_accepts_a_plain_tensor_result():
     tensor = torch.ones(1, 2)
     assert compute_reward(None, lambda data, return_dict: tensor) == (tensor, {})
+
+
+def test_a_manager_declares_the_reward_model_keys_it_takes():
+    from verl.workers.reward_manager import ProbRewardManager
+
+    config = OmegaConf.create({
+        "reward_model": {"reward_manager": "prob", "format_mode": "R1_nothink",
+                         "compute_score_name": "mean_log_softmax", "use_debiasing": True,
+                         "compute_scoreA_online": True, "format_coefficient": None,
+                         "overlong_buffer": {"enable": False}},
+        "data": {"reward_fn_key": "data_source", "max_prompt_length": 7, "max_response_length": 9}})
+    manager = load_reward_manager(config, CharTokenizer(), num_examine=0)
+    assert isinstance(manager, ProbRewardManager)
+    assert (manager.format_mode, manager.aggregation) == ("R1_nothink", "mean_log_softmax")
+    assert manager.use_debiasing and manager.compute_score_a_online
+    assert (manager.max_prompt_length, manager.max_response_length) == (7, 9)
+    assert manager.format_coefficient == 0.1  # a null key keeps the constructor's default
+    assert NaiveRewardManager.config_kwargs(config) == {}  # the naive manager takes none of them
+
+    class WithOption(NaiveRewardManager):
+        reward_model_keys = ("my_option", "format_mode")
+
+    assert WithOption.config_kwargs(OmegaConf.create({"reward_model": {"my_option": 3}})) == {"my_option": 3}

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from verl.utils.dataset.arithmetic import sft_text
+from verl.demo.arithmetic import sft_text
 from verl.utils.dataset.sft_dataset import SFTDataset
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"

@@ -72,3 +72,36 @@ def test_debiasing_and_the_one_more_token_cap(tokenizer):
 def test_without_the_actor_it_says_so(tokenizer):
     with pytest.raises(RuntimeError, match="needs the actor's log-prob pass"):
         ProbRewardManager(tokenizer, 0)(batch(tokenizer, ["x"], ["4"]))
+
+
+def test_prepare_with_actor_computes_score_a_once_and_reads_it_back(tokenizer, tmp_path):
+    from verl.workers.reward_manager.rlpr.score_a import score_a_key
+
+    prompts = ["Q: 2+2?", "Q: 3+3?"]
+    dataset = [{"raw_prompt_ids": tokenizer(p, add_special_tokens=False)["input_ids"],
+                "reward_model": {"ground_truth": t}} for p, t in zip(prompts, [4, 6])]
+    seen = []
+
+    def log_prob_fn(data):
+        seen.append(data)
+        return torch.full(data.batch["responses"].shape, LOG_P)
+
+    off = manager(tokenizer)
+    off.prepare_with_actor(log_prob_fn, dataset, str(tmp_path))  # compute_scoreA_online is off: nothing to do
+    assert off.score_a_table is None and not seen and not (tmp_path / "scoreA.json").exists()
+
+    first = manager(tokenizer, compute_scoreA_online=True)
+    first.prepare_with_actor(log_prob_fn, dataset, str(tmp_path))
+    expected = {score_a_key(tokenizer.decode(item["raw_prompt_ids"]), str(item["reward_model"]["ground_truth"])): 0.8
+                for item in dataset}
+    assert first.score_a_table == pytest.approx(expected)
+    [pr_batch] = seen  # one chunk; the response part is " y* " + EOS
+    response = pr_batch.batch["responses"][0][pr_batch.batch["attention_mask"][0, 16:].bool()]
+    assert tokenizer.decode(response) == f" 4 {tokenizer.eos_token}"
+
+    def no_actor(data):
+        raise AssertionError("a run that finds scoreA.json must not recompute it")
+
+    resumed = manager(tokenizer, compute_scoreA_online=True)
+    resumed.prepare_with_actor(no_actor, dataset, str(tmp_path))
+    assert resumed.score_a_table == pytest.approx(expected)

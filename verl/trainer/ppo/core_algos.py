@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl.utils.config import default_of
 from verl.utils.registry import lookup, register_in
 from verl.utils.torch_functional import masked_mean, masked_sum
 
@@ -35,15 +36,14 @@ class AdvantageEstimator(str, Enum):
     GRPO = "grpo"
 
 
-def _cfg_get(config: Any, key: str, default: Any) -> Any:
-    """`config.key` for a DictConfig, dict, dataclass or None; a missing or None value gives `default`."""
-    if config is None:
-        return default
+def _cfg_get(config: Any, key: str, section: str = "actor_rollout_ref.actor") -> Any:
+    """`config.key` for a DictConfig, dict, dataclass or None; a missing or null value gives the shipped default of
+    `section.key` (ppo_trainer.yaml, the one place defaults are written), so a partial config acts like a full one."""
     if isinstance(config, Mapping):
         value = config.get(key)
     else:
         value = getattr(config, key, None)
-    return default if value is None else value
+    return default_of(f"{section}.{key}") if value is None else value
 
 
 def register_adv_est(name: str | AdvantageEstimator) -> Callable[[Callable], Callable]:
@@ -166,13 +166,13 @@ def agg_loss(
 
 
 def clip_config(config: Any) -> tuple[float, float, float]:
-    """(eps_low, eps_high, c) from clip_ratio (0.2), clip_ratio_low / clip_ratio_high (default clip_ratio) and
-    clip_ratio_c (3.0, must be > 1)."""
-    clip_ratio = _cfg_get(config, "clip_ratio", 0.2)
-    clip_ratio_c = _cfg_get(config, "clip_ratio_c", 3.0)
+    """(eps_low, eps_high, c) from clip_ratio, clip_ratio_low / clip_ratio_high (null = clip_ratio) and clip_ratio_c
+    (must be > 1); the config check calls this too, so the rule is written once."""
+    clip_ratio, clip_ratio_c = _cfg_get(config, "clip_ratio"), _cfg_get(config, "clip_ratio_c")
     if clip_ratio_c <= 1.0:
         raise ValueError(f"actor_rollout_ref.actor.clip_ratio_c={clip_ratio_c} must be > 1 for dual-clip PPO")
-    return _cfg_get(config, "clip_ratio_low", clip_ratio), _cfg_get(config, "clip_ratio_high", clip_ratio), clip_ratio_c
+    low, high = _cfg_get(config, "clip_ratio_low"), _cfg_get(config, "clip_ratio_high")
+    return (clip_ratio if low is None else low), (clip_ratio if high is None else high), clip_ratio_c
 
 
 def dual_clip_losses(
@@ -224,8 +224,8 @@ def compute_policy_loss_vanilla(
         l   = l * w                 when rollout importance-sampling weights w are given
         loss = agg_loss(l, response_mask, loss_agg_mode)
 
-    Config keys (actor config; dict, DictConfig, dataclass or None): clip_ratio (default 0.2), clip_ratio_low and
-    clip_ratio_high (default clip_ratio), clip_ratio_c (default 3.0), loss_scale_factor. Extra keywords such as
+    Config keys (actor config; dict, DictConfig, dataclass or None; a missing key takes ppo_trainer.yaml's default):
+    clip_ratio, clip_ratio_low and clip_ratio_high (null = clip_ratio), clip_ratio_c, loss_scale_factor. Extra keywords such as
     `entropy` are accepted and ignored so all losses share one call.
 
     Returns:
@@ -240,7 +240,7 @@ def compute_policy_loss_vanilla(
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
 
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor", None))
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
     with torch.no_grad():
         metrics = {
@@ -331,17 +331,17 @@ class AdaptiveKLController:
 
 def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLController:
     """Build the controller described by `algorithm.kl_ctrl` (keys: type, kl_coef, target_kl, horizon)."""
-    kind = _cfg_get(kl_ctrl_config, "type", "fixed")
-    kl_coef = _cfg_get(kl_ctrl_config, "kl_coef", 0.001)
+    def get(key: str) -> Any:
+        return _cfg_get(kl_ctrl_config, key, "algorithm.kl_ctrl")
+
+    kind, kl_coef = get("type"), get("kl_coef")
     if kind == "fixed":
         return FixedKLController(kl_coef=kl_coef)
     if kind == "adaptive":
-        horizon = _cfg_get(kl_ctrl_config, "horizon", 10000)
+        horizon = get("horizon")
         if horizon <= 0:
             raise ValueError(f"algorithm.kl_ctrl.horizon={horizon} must be > 0")
-        return AdaptiveKLController(
-            init_kl_coef=kl_coef, target_kl=_cfg_get(kl_ctrl_config, "target_kl", 0.1), horizon=horizon
-        )
+        return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=get("target_kl"), horizon=horizon)
     raise ValueError(f"algorithm.kl_ctrl.type={kind!r} is not one of ['fixed', 'adaptive']")
 
 

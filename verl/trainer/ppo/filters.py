@@ -4,7 +4,8 @@ filter, and trimming a batch to a multiple of the data-parallel world size.
 A group is the `rollout.n` responses to one prompt; its rows share `non_tensor_batch["uid"]`. Under GRPO a group
 whose responses all score the same gets advantage 0 everywhere, so it adds no gradient, only noise to the
 token-mean denominator. DAPO (Yu et al. 2025, arXiv 2503.14476, "dynamic sampling") drops such groups
-(`algorithm.filter_groups`); Archer does the same under `trainer.rejection_sample`.
+(`algorithm.filter_groups`); Archer does the same under `trainer.rejection_sample`. The per-step strategies that
+use these functions (what to keep, when to generate more, their state) are in `batch_filters.py`.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def group_stds(batch: DataProto, metric: str = "seq_reward") -> dict[object, flo
 
 
 class EmaStdFilter:
-    """RLPR's std filter with an EMA threshold (official implementation; spec rlpr.md sec. 5).
+    """RLPR's std filter with an EMA threshold, as the official RLPR implementation (EasyR1_RLPR) computes it.
 
     Steps count from 1. The mean group std m_s of step s is the mean of the finite per-group stds recorded in that
     step (`record`). From step `ema_start_step` to `filter_start_step - 1` (warm-up: 6..10) nothing is filtered; at

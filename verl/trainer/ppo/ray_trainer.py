@@ -1,4 +1,4 @@
-"""RayPPOTrainer: the single controller that runs the RL step as one readable loop (design section 3).
+"""RayPPOTrainer: the single controller that runs the RL step as one readable loop.
 
 The driver holds the data, computes rewards and advantages; the worker group holds the models. A step:
 prompts -> rollout -> reward -> old (and reference) log-probs -> advantage -> actor update (+ weight sync).
@@ -7,7 +7,6 @@ prompts -> rollout -> reward -> old (and reference) log-probs -> advantage -> ac
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import time
 import uuid
@@ -22,27 +21,18 @@ from tqdm import tqdm
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.filters import (
-    EmaStdFilter,
-    filter_groups,
-    group_stds,
-    overlong_filter,
-    parse_source_multipliers,
-    scale_stds_by_source,
-    truncate_to_multiple,
-)
+from verl.trainer.ppo.batch_filters import build_batch_filter
+from verl.trainer.ppo.filters import overlong_filter, truncate_to_multiple
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, find_latest_ckpt_path, remove_old_checkpoints
-from verl.utils.config import uses_agent_loop
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
 from verl.utils.seqlen_balancing import balance_batch_partitions
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking, dump_generations
 from verl.workers.fsdp_workers import ActorRolloutRefWorker
-from verl.workers.reward_manager.prob import score_a_key
-from verl.workers.rollout.base import resolve_rollout_name
+from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
 
 GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -134,13 +124,8 @@ class RayPPOTrainer:
         self._create_dataloader(train_dataset, val_dataset, collate_fn)
         self.global_steps = 0
         self.epoch = 0
-        algo = config.algorithm
-        self.std_filter = None
-        if algo.filter_mode == "ema_std":
-            self.std_filter = EmaStdFilter(algo.std_filter_beta, algo.filter_ema_ratio, algo.filter_ema_start_step,
-                                           algo.filter_start_step, resume_ema_mean=algo.resume_ema_mean)
-        self.std_multipliers = parse_source_multipliers(algo.get("std_filter_beta_per_data_source"))
-        self.prompt_cache: list[dict] = []  # single prompts of surplus kept groups, generated again later
+        # Which generated groups a step keeps and whether it generates more (Archer, DAPO, RLPR; batch_filters.py).
+        self.batch_filter = build_batch_filter(config)
 
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn):
         cfg = self.config
@@ -188,47 +173,8 @@ class RayPPOTrainer:
         print(f"[trainer] rollout engine {engine['engine']} on {self.n_ranks} ranks"
               + (f" in tensor-parallel groups of {engine['tp_size']}" if engine["tp_size"] > 1 else ""))
         for reward_fn in (self.reward_fn, self.val_reward_fn):
-            if hasattr(reward_fn, "attach_log_prob_fn"):  # RLPR's manager scores with the current actor
+            if hasattr(reward_fn, "attach_log_prob_fn"):  # a manager that scores with the current actor
                 reward_fn.attach_log_prob_fn(self._actor_log_probs)
-
-    def _compute_online_score_a(self) -> None:
-        """RLPR's scoreA of every training prompt with the current (initial) actor, once; kept in
-        <run dir>/scoreA.json so that a resumed run reads it instead of recomputing."""
-        from verl.utils.rlpr.score_a import score_a_text
-        from verl.utils.rlpr.scoring import aggregate
-        from verl.utils.rlpr.splice import Spliced, build_pr_batch, tokenize_spliced
-
-        path = os.path.join(self.checkpoint_root, "scoreA.json")
-        manager = self.reward_fn
-        if os.path.exists(path):
-            with open(path) as f:
-                manager.score_a_table = json.load(f)
-            print(f"[rlpr] scoreA of {len(manager.score_a_table)} prompts read from {path}")
-            return
-        tok, width = self.tokenizer, self.config.data.max_response_length
-        table: dict[str, float] = {}
-        rows, keys = [], []
-        for i in tqdm(range(len(self.train_dataset)), desc="scoreA (initial weights)", unit="prompt"):
-            item = self.train_dataset[i]
-            prompt = tok.decode(item["raw_prompt_ids"])
-            truth = str(item["reward_model"]["ground_truth"])
-            text, span = score_a_text(prompt, truth, tok.eos_token)
-            rows.append(tokenize_spliced(Spliced(text, len(prompt), span, True), tok,
-                                         self.config.data.max_prompt_length, width))
-            keys.append(score_a_key(prompt, truth))
-        for start in range(0, len(rows), 64):
-            chunk = rows[start : start + 64]
-            tensors = build_pr_batch(chunk, tok.pad_token_id, self.config.data.max_prompt_length, width)
-            mask = tensors.pop("answer_mask")
-            log_probs = self._actor_log_probs(DataProto.from_dict(tensors=tensors))
-            for key, score in zip(keys[start : start + 64], aggregate(log_probs.cpu(), mask, manager.aggregation)):
-                table[key] = float(score)
-        manager.score_a_table = table
-        os.makedirs(self.checkpoint_root, exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(table, f)
-        os.replace(path + ".tmp", path)
-        print(f"[rlpr] scoreA of {len(table)} prompts computed with the initial weights ({path})")
 
     def _actor_log_probs(self, data: DataProto) -> torch.Tensor:
         """`(bs, response_len)` log-probs of `data`'s responses under the current actor, at the rollout temperature,
@@ -310,7 +256,6 @@ class RayPPOTrainer:
         """
         n = self.config.actor_rollout_ref.rollout.n
         batch = DataProto.from_single_dict(batch_dict)
-        self._prompt_keys = [key for key in batch_dict if key not in GEN_BATCH_KEYS]
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         gen_batch = batch.pop(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
         gen_batch.meta_info["global_steps"] = self.global_steps
@@ -333,78 +278,49 @@ class RayPPOTrainer:
         return batch, list(reward_extra_info)
 
     def _collect_batch(self, prompt_batches, metrics: dict, timing: dict) -> DataProto | None:
-        """Rollouts for one step, after the optional group and overlong filters; None when the data ran out.
+        """Rollouts for one step as the batch filter keeps them, after the optional overlong filter and cut to a
+        multiple of the number of ranks; None when the data ran out.
 
-        Archer's trainer.rejection_sample drops groups without reward signal and trains on what is left. DAPO's
-        algorithm.filter_groups drops them too but generates further batches until data.train_batch_size groups are
-        kept, then trims the surplus. Either way the batch is cut to a multiple of the number of ranks.
+        The filter (`self.batch_filter`, see batch_filters.py) picks the prompts, keeps the groups of each generated
+        sub-batch and says when the step has enough: Archer's trainer.rejection_sample keeps what one batch leaves,
+        DAPO's algorithm.filter_groups and RLPR's algorithm.filter_mode=ema_std generate until data.train_batch_size
+        groups are kept; no filter, one batch as it is.
         """
-        cfg = self.config
-        n, want = cfg.actor_rollout_ref.rollout.n, cfg.data.train_batch_size
-        refill = cfg.algorithm.filter_groups
-        filter_metric = refill.metric if refill.enable else "seq_reward"
-        ema, step = self.std_filter, self.global_steps
-        ema_active = ema is not None and ema.threshold(step) is not None
-        gen_metrics, counts, generated = defaultdict(list), defaultdict(int), []
-        batch, n_gen = None, 0
+        batch_filter, gen_metrics, generated, batch = self.batch_filter, defaultdict(list), [], None
+        batch_filter.begin_step(self.global_steps)
         while True:
-            batch_dict = self._next_prompts(prompt_batches)
+            batch_dict = batch_filter.next_prompts(prompt_batches)
             if batch_dict is None:
                 if batch is not None:
+                    n, want = self.config.actor_rollout_ref.rollout.n, self.config.data.train_batch_size
                     print(f"[filter_groups] the data ran out at {len(batch) // n} of {want} groups; training on them")
                 break
             new, extra_keys = self._rollout_and_score(batch_dict, gen_metrics, timing)
-            n_gen += 1
             generated.append(new)
-            if refill.enable or cfg.trainer.rejection_sample:
-                new, stats = filter_groups(new, filter_metric)
-                for key in ("kept_groups", "dropped_groups", "solve_all", "solve_none"):
-                    counts[key] += stats[key]
-            if ema_active:  # every generated group counts towards the step's mean std, kept or not
-                stds = scale_stds_by_source(group_stds(new), new, self.std_multipliers, cfg.data.reward_fn_key)
-                ema.record(step, stds.values())
-                keep = {uid for uid, kept in zip(stds, ema.keep(step, stds.values())) if kept}
-                rows = [i for i, uid in enumerate(new.non_tensor_batch["uid"]) if uid in keep]
-                counts["std_kept_groups"] += len(keep)
-                counts["std_dropped_groups"] += len(stds) - len(keep)
-                new = new[rows] if len(rows) < len(new) else new
-            batch = new if batch is None else DataProto.concat([batch, new])
-            if not (refill.enable or ema_active) or len(batch) >= want * n:
+            kept, _ = batch_filter.filter(new)
+            batch = kept if batch is None else DataProto.concat([batch, kept])
+            if not batch_filter.needs_more(len(batch)):
                 break
-            if 0 < refill.max_num_gen_batches <= n_gen:
-                raise RuntimeError(
-                    f"only {len(batch) // n} of data.train_batch_size={want} groups had a reward signal after "
-                    f"{n_gen} generation batches (algorithm.filter_groups.max_num_gen_batches={n_gen}): the prompts "
-                    "are too easy or too hard for the model; raise max_num_gen_batches (0 = no limit) or data.gen_batch_size")
-            print(f"[filter_groups] {len(batch) // n}/{want} groups with a reward signal after {n_gen} generation "
-                  "batches; generating another")
         if batch is None:
             return None
-        if ema_active and len(batch) > want * n and cfg.algorithm.filter_cache_regenerate:
-            self._cache_prompts(batch[want * n :], self._prompt_keys)
-        if refill.enable or ema_active:
-            batch = batch[: want * n]
-        if ema is not None:
-            if not ema_active:  # warm-up: the training batch's group stds
-                ema.record(step, group_stds(batch).values())
-            metrics["batch/std_mean"] = ema.end_step(step)
-            metrics["batch/std_threshold"] = ema.threshold(step) if ema_active else float("nan")
-            metrics["batch/prompt_cache"] = len(self.prompt_cache)
-            if ema_active:
-                metrics.update({f"batch/{key}": counts.pop(key) for key in ("std_kept_groups", "std_dropped_groups")})
-                metrics["batch/num_gen_batches"] = n_gen
-        if cfg.trainer.rejection_sample or refill.enable:
-            metrics.update({f"batch/{key}": value for key, value in counts.items()})
-            metrics["batch/num_gen_batches"] = n_gen
-            metrics["batch/groups_regenerated"] = (n_gen - 1) * len(generated[0]) // n
+        batch, filter_metrics = batch_filter.finish_step(batch)
+        metrics.update(filter_metrics)
         metrics.update(reduce_metrics(gen_metrics))
-        if cfg.trainer.rollout_data_dir:
-            all_generated = DataProto.concat(generated) if len(generated) > 1 else generated[0]
-            extra = {key: all_generated.non_tensor_batch[key].tolist() for key in extra_keys}
-            self._dump(cfg.trainer.rollout_data_dir, all_generated,
-                       all_generated.batch["token_level_scores"].sum(-1).tolist(), extra)
-        if cfg.trainer.enable_overlong_filter:
-            batch, stats = overlong_filter(batch, cfg.data.max_response_length)
+        if self.config.trainer.rollout_data_dir:
+            self._dump_rollouts(generated, extra_keys)
+        return self._fit_to_ranks(batch, metrics)
+
+    def _dump_rollouts(self, generated: list[DataProto], extra_keys: list[str]) -> None:
+        """Every rollout of the step, kept or filtered out, to `trainer.rollout_data_dir`."""
+        all_generated = DataProto.concat(generated) if len(generated) > 1 else generated[0]
+        extra = {key: all_generated.non_tensor_batch[key].tolist() for key in extra_keys}
+        self._dump(self.config.trainer.rollout_data_dir, all_generated,
+                   all_generated.batch["token_level_scores"].sum(-1).tolist(), extra)
+
+    def _fit_to_ranks(self, batch: DataProto, metrics: dict) -> DataProto:
+        """Archer's overlong filter (`trainer.enable_overlong_filter`), then the batch cut to a multiple of ranks."""
+        if self.config.trainer.enable_overlong_filter:
+            batch, stats = overlong_filter(batch, self.config.data.max_response_length)
             metrics["batch/overlong_dropped"] = stats["num_overlong"]
         batch, dropped = truncate_to_multiple(batch, self.n_ranks)
         metrics["batch/valid"] = len(batch)
@@ -473,9 +389,7 @@ class RayPPOTrainer:
                             "dataloader": self.train_dataloader.state_dict()}
             if self.config.algorithm.use_kl_in_reward:
                 driver_state["kl_ctrl_value"] = self.kl_ctrl_in_reward.value
-            if self.std_filter is not None:
-                driver_state["std_filter"] = self.std_filter.state_dict()
-                driver_state["prompt_cache"] = self.prompt_cache
+            driver_state["batch_filter"] = self.batch_filter.state_dict()
             torch.save(driver_state, os.path.join(tmp, "data.pt"))
         remove_old_checkpoints(root, self.config.trainer.max_actor_ckpt_to_keep)
         return os.path.join(root, f"global_step_{self.global_steps}")
@@ -506,16 +420,17 @@ class RayPPOTrainer:
         self.train_dataloader.load_state_dict(driver_state["dataloader"])
         if "kl_ctrl_value" in driver_state and self.config.algorithm.use_kl_in_reward:
             self.kl_ctrl_in_reward.value = driver_state["kl_ctrl_value"]
-        if "std_filter" in driver_state and self.std_filter is not None:
-            self.std_filter.load_state_dict(driver_state["std_filter"])
-            self.prompt_cache = driver_state["prompt_cache"]
+        filter_state = driver_state.get("batch_filter")
+        if filter_state is None and "std_filter" in driver_state:  # written before batch filters: RLPR's at the top
+            filter_state = {"ema_std": {key: driver_state[key] for key in ("std_filter", "prompt_cache")}}
+        self.batch_filter.load_state_dict(filter_state or {})
 
     # ------------------------------------------------------------------------------------------- the loop
     def fit(self):
         """Train for `total_training_steps`, logging one line of metrics per step and validating when asked."""
         cfg = self.config
-        if cfg.reward_model.get("compute_scoreA_online") and hasattr(self.reward_fn, "score_a_table"):
-            self._compute_online_score_a()  # from the initial weights, before a checkpoint replaces them
+        if hasattr(self.reward_fn, "prepare_with_actor"):  # with the initial weights, before a checkpoint replaces them
+            self.reward_fn.prepare_with_actor(self._actor_log_probs, self.train_dataset, self.checkpoint_root)
         self._load_checkpoint()
         if self.global_steps >= self.total_training_steps:
             print(f"[trainer] step {self.global_steps} of {self.total_training_steps} is done already: nothing to train")
@@ -568,30 +483,6 @@ class RayPPOTrainer:
             progress.update(1)
         progress.close()
         return history
-
-    def _next_prompts(self, prompt_batches) -> dict | None:
-        """The next generation batch: from the cache of surplus prompts once it holds a whole batch, else the loader."""
-        batch_size = self.train_dataloader.batch_size
-        if len(self.prompt_cache) >= batch_size:
-            rows, self.prompt_cache = self.prompt_cache[:batch_size], self.prompt_cache[batch_size:]
-            return {key: (torch.stack([r[key] for r in rows]) if isinstance(rows[0][key], torch.Tensor)
-                          else np.array([r[key] for r in rows], dtype=object)) for key in rows[0]}
-        return next(prompt_batches, None)
-
-    def _cache_prompts(self, surplus: DataProto, batch_dict_keys: list[str]) -> None:
-        """Keep the prompts (one per group) of kept groups that did not fit in the batch, for a later generation."""
-        prompt_len = surplus.batch["prompts"].shape[1]
-        seen = set()
-        for i, uid in enumerate(surplus.non_tensor_batch["uid"]):
-            if uid in seen:
-                continue
-            seen.add(uid)
-            row = {"input_ids": surplus.batch["prompts"][i],
-                   "attention_mask": surplus.batch["attention_mask"][i, :prompt_len],
-                   "position_ids": surplus.batch["position_ids"][i, :prompt_len]}
-            row.update({key: surplus.non_tensor_batch[key][i] for key in batch_dict_keys
-                        if key in surplus.non_tensor_batch})
-            self.prompt_cache.append(row)
 
     def _prompt_batches(self):
         """Dataloader batches across epochs, from where a resumed dataloader left off; keeps self.epoch current."""

@@ -55,11 +55,6 @@ def default_score_fn(config: Any, is_eval: bool = False) -> Callable:
     return functools.partial(default_compute_score, **limits)
 
 
-# reward_model keys of the RLPR manager, passed to it as they are named.
-PROB_KEYS = ("format_mode", "compute_score_name", "reward_manager_shaping_function_name",
-             "reward_manager_discrete_function_name", "format_coefficient", "repetition_penalty",
-             "repetition_penalty_max_repetitions_limit", "use_debiasing", "allow_empty_leading_whitespaces",
-             "gt_tokens_one_more", "gt_tokens_one_more_adjusted")
 # Seconds a code sample's grading may take beyond the sandbox's own cap: interpreter start-up, harness, clean-up.
 _GRADING_MARGIN_S = 15.0
 _DEFAULT_GRADING_TIMEOUT_S = 30.0
@@ -78,7 +73,9 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: 
     `is_eval` marks the managers of validation and offline evaluation (no code-test subsampling). Keyword arguments
     and `reward_model.reward_kwargs` (which wins on a clash) go to the manager constructor, after
     `max_resp_len` (data.max_response_length), `overlong_buffer_cfg` (reward_model.overlong_buffer), which the
-    dapo manager uses and the others ignore, and `timeout_s` (`grading_timeout_s`), used when grading in workers.
+    dapo manager uses and the others ignore, `timeout_s` (`grading_timeout_s`), used when grading in workers, and
+    the manager's own settings: `manager_cls.config_kwargs(config)` when the class has it (e.g. the prob manager's
+    `reward_model` keys and data.max_prompt_length).
     """
     reward_model = _section(config, "reward_model")
     name = reward_model.get("reward_manager") or "naive"
@@ -88,9 +85,8 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: 
     compute_score = get_custom_reward_fn(config) or default_score_fn(config, is_eval)
     defaults = {"max_resp_len": _section(config, "data").get("max_response_length"),
                 "overlong_buffer_cfg": reward_model.get("overlong_buffer"), "timeout_s": grading_timeout_s(config)}
-    if name == "prob":
-        defaults.update({key: reward_model[key] for key in PROB_KEYS if reward_model.get(key) is not None})
-        defaults["max_prompt_length"] = _section(config, "data").get("max_prompt_length")
+    if hasattr(manager_cls, "config_kwargs"):
+        defaults.update(manager_cls.config_kwargs(config))
     manager_kwargs = {**defaults, **kwargs, **dict(reward_model.get("reward_kwargs") or {})}
     return manager_cls(
         tokenizer=tokenizer,

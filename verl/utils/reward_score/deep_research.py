@@ -1,4 +1,4 @@
-r"""The deep-research reward of ARPO / AEPO (spec arpo_aepo.md sec. 5): a format gate, then answer F1.
+r"""The deep-research reward of ARPO / AEPO (their released reward function): a format gate, then answer F1.
 
     score = -1                      if the format is broken or there is no \boxed answer in <answer>
           = F1 + 0.1                if F1 > 0 and the response used both the search and the python tool
@@ -11,7 +11,7 @@ punctuation, no articles, single spaces), the best over the ground truths; a yes
 counts only when both are the same word. The response text includes the tool results, as the trainer decodes it.
 
 Used for `data_source` deep_research, DR_grpo_mix (the seed's training set) and tool_arithmetic (Quiver's tool demo,
-`verl/utils/dataset/tool_tasks.py`). tool_arithmetic keeps this reward rather than a stricter exact match so that the
+`verl/demo/tool_tasks.py`). tool_arithmetic keeps this reward rather than a stricter exact match so that the
 demo trains on the reward the deep-research recipes use: its ground truth is one integer, so F1 is 1 exactly when the
 boxed answer is that integer alone ("1,234" counts, punctuation goes) and 0 for any other number; only extra words
 ("1234 apples", F1 2/3) get partial credit. One caveat: the bonus looks for the closing tags, not for tools that ran,

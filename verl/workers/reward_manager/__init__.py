@@ -1,4 +1,11 @@
-"""Reward managers turn a batch of rollouts into token-level scores by decoding responses and grading them."""
+"""Reward managers turn a batch of rollouts into token-level scores by decoding responses and grading them.
+
+Optional hooks a manager class may have, which the trainer and `load_reward_manager` use without knowing the manager:
+`config_kwargs(config)` (classmethod: constructor arguments from the run config, e.g. `reward_model.*` keys),
+`attach_log_prob_fn(fn)` (the current actor's log-prob pass, once the workers are up) and
+`prepare_with_actor(log_prob_fn, dataset, run_dir)` (one-off work with the initial weights at the start of `fit()`;
+the prob manager computes RLPR's scoreA there).
+"""
 
 from verl.workers.reward_manager.dapo import DAPORewardManager  # importing it registers "dapo" and "wizard"
 from verl.workers.reward_manager.naive import NaiveRewardManager  # importing it registers "naive"

@@ -98,6 +98,17 @@ class NaiveRewardManager:
     are graded in that many worker processes, each under `timeout_s`; see `score_samples`.
     """
 
+    # reward_model.<key> entries that `load_reward_manager` passes to the constructor as keyword arguments of the
+    # same name (when set); a manager lists its own here, or overrides `config_kwargs` to read other sections.
+    reward_model_keys: tuple[str, ...] = ()
+
+    @classmethod
+    def config_kwargs(cls, config: Any) -> dict[str, Any]:
+        """Constructor keyword arguments this manager takes from the run config: `reward_model.<key>` for each key of
+        `reward_model_keys` that is set (not null)."""
+        reward_model = config.get("reward_model") or {}
+        return {key: reward_model[key] for key in cls.reward_model_keys if reward_model.get(key) is not None}
+
     def __init__(
         self,
         tokenizer: Any,

@@ -1,22 +1,25 @@
 r"""RLPR's probability reward manager (`reward_model.reward_manager=prob`): no verifier, the policy scores itself.
 
-For every response the reference answer y* is spliced in place of the model's answer (`verl/utils/rlpr/splice.py`),
-the current actor scores the spliced sequences in a no-grad forward at the rollout temperature (the trainer attaches
-its log-prob pass with `attach_log_prob_fn`; it is batched like the old-log-prob pass), and
+For every response the reference answer y* is spliced in place of the model's answer (`rlpr/splice.py` beside this
+file), the current actor scores the spliced sequences in a no-grad forward at the rollout temperature (the trainer
+attaches its log-prob pass with `attach_log_prob_fn`; it is batched like the old-log-prob pass), and
 
     scoreB = agg(p(y* tokens))                         reward_model.compute_score_name
     d      = bin(f(scoreB - scoreA))                   reward_model.reward_manager_shaping_function_name, ..._discrete_
     R      = (1 - alpha) d + alpha F  (+ repetition)   reward_model.format_coefficient, format_mode, repetition_penalty
 
-(`verl/utils/rlpr/scoring.py`). scoreA (the debiasing term, the reference answer's probability without reasoning)
-comes from a `scoreA` column or `reward_model.scoreA` when `reward_model.use_debiasing`; a sample without one is an
-error that names it. Per-row columns: scoreB, scoreA, format, valid. Metrics: rlpr/scoreB_mean, rlpr/valid_fraction,
-rlpr/format_fraction.
+(`rlpr/scoring.py`). scoreA (the debiasing term, the reference answer's probability without reasoning) comes from a
+`scoreA` column or `reward_model.scoreA` when `reward_model.use_debiasing`, else from the table that
+`prepare_with_actor` computes once with the initial weights when `reward_model.compute_scoreA_online`; a sample
+without one is an error that names it. Per-row columns: scoreB, scoreA, format, valid. Metrics: rlpr/scoreB_mean,
+rlpr/valid_fraction, rlpr/format_fraction.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +27,10 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.rlpr.scoring import (
+from verl.workers.reward_manager.naive import NaiveRewardManager, last_valid_position
+from verl.workers.reward_manager.registry import register_reward_manager
+from verl.workers.reward_manager.rlpr.score_a import score_a_key, score_a_table
+from verl.workers.reward_manager.rlpr.scoring import (
     aggregate,
     discretize,
     final_reward,
@@ -32,14 +38,9 @@ from verl.utils.rlpr.scoring import (
     repetition_penalty,
     shaping_function,
 )
-from verl.utils.rlpr.splice import build_pr_batch, splice_reference, tokenize_spliced
-from verl.workers.reward_manager.naive import NaiveRewardManager, last_valid_position
-from verl.workers.reward_manager.registry import register_reward_manager
+from verl.workers.reward_manager.rlpr.splice import build_pr_batch, splice_reference, tokenize_spliced
 
-
-def score_a_key(prompt_text: str, reference: str) -> str:
-    """Key of a (prompt, reference answer) pair in the table of scoreA computed online (the official code's)."""
-    return f"{prompt_text}\n\n\n{reference}"
+__all__ = ["ProbRewardManager", "score_a_key", "strip_padding"]
 
 
 def strip_padding(text: str, pad: str | None) -> str:
@@ -53,6 +54,23 @@ def strip_padding(text: str, pad: str | None) -> str:
 
 @register_reward_manager("prob")
 class ProbRewardManager(NaiveRewardManager):
+    """RLPR's reward (module docstring); its options are the `reward_model` keys of the same names."""
+
+    reward_model_keys = ("format_mode", "compute_score_name", "reward_manager_shaping_function_name",
+                         "reward_manager_discrete_function_name", "format_coefficient", "repetition_penalty",
+                         "repetition_penalty_max_repetitions_limit", "use_debiasing",
+                         "allow_empty_leading_whitespaces", "gt_tokens_one_more", "gt_tokens_one_more_adjusted",
+                         "compute_scoreA_online")
+
+    @classmethod
+    def config_kwargs(cls, config: Any) -> dict[str, Any]:
+        """The `reward_model_keys` entries plus `max_prompt_length` (data.max_prompt_length)."""
+        kwargs = super().config_kwargs(config)
+        max_prompt_length = (config.get("data") or {}).get("max_prompt_length")
+        if max_prompt_length is not None:
+            kwargs["max_prompt_length"] = max_prompt_length
+        return kwargs
+
     def __init__(self, tokenizer: Any, num_examine: int, compute_score: Callable | None = None,
                  reward_fn_key: str = "data_source", format_mode: str = "R1",
                  compute_score_name: str = "mean_exp_log_softmax",
@@ -61,7 +79,7 @@ class ProbRewardManager(NaiveRewardManager):
                  repetition_penalty: bool = False, repetition_penalty_max_repetitions_limit: int = 10,
                  use_debiasing: bool = False, max_prompt_length: int = 1024, max_resp_len: int | None = None,
                  allow_empty_leading_whitespaces: bool = False, gt_tokens_one_more: bool = False,
-                 gt_tokens_one_more_adjusted: bool = False, **kwargs: Any):
+                 gt_tokens_one_more_adjusted: bool = False, compute_scoreA_online: bool = False, **kwargs: Any):
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, max_resp_len=max_resp_len, **kwargs)
         self.format_mode, self.aggregation = format_mode, compute_score_name
         self.shape = shaping_function(reward_manager_shaping_function_name)
@@ -74,11 +92,42 @@ class ProbRewardManager(NaiveRewardManager):
         self.splice_options = {"allow_empty_leading_whitespaces": allow_empty_leading_whitespaces,
                                "gt_tokens_one_more": gt_tokens_one_more}
         self.one_more_cap = gt_tokens_one_more_adjusted  # cap the extra token's log-prob at log 0.5
-        self.score_a_table: dict[str, float] | None = None  # filled by the trainer (reward_model.compute_scoreA_online)
+        self.compute_score_a_online = compute_scoreA_online
+        self.score_a_table: dict[str, float] | None = None  # filled by prepare_with_actor
 
+    # ------------------------------------------------------------------------------------------------ trainer hooks
     def attach_log_prob_fn(self, fn: Callable[[DataProto], torch.Tensor]) -> None:
-        """`fn(batch) -> (bs, response_len)` log-probs of `batch["responses"]` under the current actor."""
+        """`fn(batch) -> (bs, response_len)` log-probs of `batch["responses"]` under the current actor.
+
+        The trainer calls this on any reward manager that has it, once its workers are up."""
         self.log_prob_fn = fn
+
+    def prepare_with_actor(self, log_prob_fn: Callable[[DataProto], torch.Tensor], dataset, run_dir: str) -> None:
+        """One-off work with the initial actor before training: the trainer calls this on any reward manager that has
+        it, at the start of `fit()`, before a checkpoint replaces the initial weights.
+
+        `log_prob_fn` is the actor's log-prob pass (as in `attach_log_prob_fn`), `dataset` the training set and
+        `run_dir` the run's directory (`trainer.default_local_dir`). With `reward_model.compute_scoreA_online` this
+        computes scoreA of every training prompt (`rlpr.score_a.score_a_table`) and keeps it in
+        `<run_dir>/scoreA.json`; a resumed run, finding the file, reads it instead of recomputing.
+        """
+        if not self.compute_score_a_online:
+            return
+        path = os.path.join(run_dir, "scoreA.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                self.score_a_table = json.load(f)
+            print(f"[rlpr] scoreA of {len(self.score_a_table)} prompts read from {path}")
+            return
+        if self.max_response_length is None:
+            raise ValueError("reward_model.compute_scoreA_online=true needs data.max_response_length (max_resp_len)")
+        self.score_a_table = score_a_table(dataset, self.tokenizer, log_prob_fn, self.aggregation,
+                                           self.max_prompt_length, self.max_response_length)
+        os.makedirs(run_dir, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.score_a_table, f)
+        os.replace(path + ".tmp", path)
+        print(f"[rlpr] scoreA of {len(self.score_a_table)} prompts computed with the initial weights ({path})")
 
     # ------------------------------------------------------------------------------------------------ scoring
     def _texts(self, data: DataProto) -> tuple[list[str], list[str]]:

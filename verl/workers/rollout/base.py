@@ -1,4 +1,4 @@
-"""The rollout engine interface (design section 5) and the one function that turns its output into a batch.
+"""The rollout engine interface and the one function that turns its output into a batch.
 
 Everything above this file -- the trainer's plain sampling step and the multi-turn agent loop -- talks to an engine
 only through `RolloutEngine.generate` on token ids, so the HF engine and the vLLM engine are interchangeable.
@@ -168,6 +168,16 @@ def get_rollout_cls(name: str) -> type[RolloutEngine]:
         known = sorted(set(_ROLLOUT_REGISTRY) | set(_BUILTIN_ROLLOUT_MODULES))
         raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not a known rollout engine; known: {known}")
     return _ROLLOUT_REGISTRY[name]
+
+
+def known_rollout_names() -> list[str]:
+    """Every selectable `rollout.name`: "auto", the built-in engines and whatever `register_rollout` added."""
+    return sorted({"auto", *_BUILTIN_ROLLOUT_MODULES, *_ROLLOUT_REGISTRY})
+
+
+def uses_agent_loop(rollout: Any) -> bool:
+    """Whether generation runs the multi-turn tool loop: rollout.mode=sync_with_tool or multi_turn.enable."""
+    return rollout.mode == "sync_with_tool" or bool((rollout.get("multi_turn") or {}).get("enable"))
 
 
 def config_value(config, key: str, default=None):

@@ -54,7 +54,7 @@ def compute_policy_loss_aepo(
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
 
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor", None))
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
     with torch.no_grad():
         rescaled = (advantages > 0) & (ratio > 1.0 + eps_high)

@@ -52,22 +52,20 @@ def compute_policy_loss_archer(
 
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
-    eps_low = torch.where(
-        high,
-        _cfg_get(config, "high_entropy_clip_ratio_low", clip_high),
-        _cfg_get(config, "low_entropy_clip_ratio_low", clip_low),
-    ).to(ratio.dtype)
-    eps_high = torch.where(
-        high,
-        _cfg_get(config, "high_entropy_clip_ratio_high", clip_high),
-        _cfg_get(config, "low_entropy_clip_ratio_high", clip_low),
-    ).to(ratio.dtype)
+    def clip(key: str, unset: float) -> float:  # null in the config: the PPO clip range of that side
+        value = _cfg_get(config, key)
+        return unset if value is None else value
+
+    eps_low = torch.where(high, clip("high_entropy_clip_ratio_low", clip_high),
+                          clip("low_entropy_clip_ratio_low", clip_low)).to(ratio.dtype)
+    eps_high = torch.where(high, clip("high_entropy_clip_ratio_high", clip_high),
+                           clip("low_entropy_clip_ratio_high", clip_low)).to(ratio.dtype)
 
     pg_losses, clipped, dual_clipped = dual_clip_losses(ratio, advantages, 1.0 - eps_low, 1.0 + eps_high, clip_ratio_c)
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
 
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor", None))
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
     with torch.no_grad():
         clipped = clipped.float()

@@ -51,12 +51,14 @@ def compute_policy_loss_aspo(
         old_log_prob, log_prob, advantages, response_mask, entropy, rollout_is_weights: `(batch, response_len)`.
 
     Returns:
-        (pg_loss, metrics): `actor/pg_clipfrac{,_upper,_lower}`, `actor/{negative,positive}_pg_clipfrac_dual`,
-        `actor/ppo_kl`, `actor/high_entropy_token_frac`, as floats over valid tokens.
+        (pg_loss, metrics) with floats over valid tokens: `actor/positive_pg_clipfrac` (A >= 0 and r > 1 + eps),
+        `actor/negative_pg_clipfrac` (A < 0 and r < 1 - eps), `actor/pg_clipfrac` (either),
+        `actor/{negative,positive}_pg_clipfrac_dual` (soft dual clip), `actor/ppo_kl`, `actor/high_entropy_token_frac`.
+        No `actor/pg_clipfrac_lower`: that name means the dual-clip fraction (vanilla, archer, aepo), as in verl.
     """
     clip_c = {}
     for sign in ("negative", "positive"):
-        clip_c[sign] = _cfg_get(config, f"{sign}_clip_ratio_c", 3.0)
+        clip_c[sign] = _cfg_get(config, f"{sign}_clip_ratio_c")
         if clip_c[sign] <= 1.0:
             raise ValueError(f"actor_rollout_ref.actor.{sign}_clip_ratio_c={clip_c[sign]} must be > 1 for ASPO")
     c_neg, c_pos = clip_c["negative"], clip_c["positive"]
@@ -66,13 +68,13 @@ def compute_policy_loss_aspo(
     ratio = torch.exp(log_ratio)
     eps_neg = torch.where(
         high,
-        _cfg_get(config, "negative_high_entropy_clip_ratio_low", 0.4),
-        _cfg_get(config, "negative_low_entropy_clip_ratio_low", 0.2),
+        _cfg_get(config, "negative_high_entropy_clip_ratio_low"),
+        _cfg_get(config, "negative_low_entropy_clip_ratio_low"),
     ).to(ratio.dtype)
     eps_pos = torch.where(
         high,
-        _cfg_get(config, "positive_high_entropy_clip_ratio_high", 0.4),
-        _cfg_get(config, "positive_low_entropy_clip_ratio_high", 0.2),
+        _cfg_get(config, "positive_high_entropy_clip_ratio_high"),
+        _cfg_get(config, "positive_low_entropy_clip_ratio_high"),
     ).to(ratio.dtype)
 
     adv = advantages
@@ -87,14 +89,14 @@ def compute_policy_loss_aspo(
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
 
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor", None))
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
     with torch.no_grad():
         clipped_upper = ~negative & (ratio > 1.0 + eps_pos)
         clipped_lower = negative & (ratio < 1.0 - eps_neg)
         fractions = {
-            "actor/pg_clipfrac_upper": clipped_upper,
-            "actor/pg_clipfrac_lower": clipped_lower,
+            "actor/positive_pg_clipfrac": clipped_upper,
+            "actor/negative_pg_clipfrac": clipped_lower,
             "actor/pg_clipfrac": clipped_upper | clipped_lower,
             "actor/negative_pg_clipfrac_dual": dual_neg,
             "actor/positive_pg_clipfrac_dual": dual_pos & (adv > 0),

@@ -13,9 +13,16 @@ import torch
 from verl.trainer.ppo.core_algos import _cfg_get
 
 
+def check_token_entropy_quantile(quantile: float) -> None:
+    """The rule of `actor_rollout_ref.actor.token_entropy_quantile` (the config check calls this too): in (0, 1),
+    since 0 would make every token but the least uncertain "high" and 1 none at all."""
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"actor_rollout_ref.actor.token_entropy_quantile={quantile} must be in (0, 1)")
+
+
 @torch.no_grad()
 def split_by_token_entropy(
-    entropy: torch.Tensor, response_mask: torch.Tensor, quantile: float = 0.8
+    entropy: torch.Tensor, response_mask: torch.Tensor, quantile: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split each response's valid tokens by the `quantile` of that response's own token entropies.
 
@@ -29,13 +36,14 @@ def split_by_token_entropy(
     Args:
         entropy: `(batch, response_len)` token entropies; read without gradient.
         response_mask: `(batch, response_len)`, nonzero for valid tokens.
-        quantile: `actor_rollout_ref.actor.token_entropy_quantile`, in [0, 1].
+        quantile: `actor_rollout_ref.actor.token_entropy_quantile`, in (0, 1); None = its default.
 
     Returns:
         (high, low), both bool `(batch, response_len)`.
     """
-    if not 0.0 <= quantile <= 1.0:
-        raise ValueError(f"actor_rollout_ref.actor.token_entropy_quantile={quantile} must be in [0, 1]")
+    if quantile is None:
+        quantile = _cfg_get(None, "token_entropy_quantile")
+    check_token_entropy_quantile(quantile)
     valid = response_mask > 0
     padded = torch.where(valid, entropy.detach().float(), torch.full_like(entropy, float("nan"), dtype=torch.float))
     threshold = torch.nanquantile(padded, quantile, dim=-1, keepdim=True)
@@ -46,10 +54,10 @@ def split_by_token_entropy(
 def entropy_groups(
     entropy: torch.Tensor | None, response_mask: torch.Tensor, config: Any, loss_mode: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`split_by_token_entropy` for a policy loss, with the quantile from `token_entropy_quantile` (default 0.8)."""
+    """`split_by_token_entropy` for a policy loss, with the quantile from `token_entropy_quantile`."""
     if entropy is None:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} needs per-token entropy: call the loss "
             "with entropy=<(batch, response_len) tensor>"
         )
-    return split_by_token_entropy(entropy, response_mask, _cfg_get(config, "token_entropy_quantile", 0.8))
+    return split_by_token_entropy(entropy, response_mask, _cfg_get(config, "token_entropy_quantile"))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from verl.utils.rlpr.scoring import (
+from verl.workers.reward_manager.rlpr.scoring import (
     aggregate,
     discretize,
     final_reward,

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from verl.utils.dataset.tool_tasks import (
+from verl.demo.tool_tasks import (
     ARITHMETIC_SOURCE,
     SEARCH_SOURCE,
     SYSTEM_PROMPT,

@@ -1,5 +1,5 @@
 r"""ScoreA, RLPR's debiasing term: the policy's probability of the reference answer right after the prompt, with no
-reasoning (the official code's online form, spec rlpr.md sec. 3):
+reasoning (the form the official RLPR implementation computes online, before training):
 
     text   = chat_template(prompt, add_generation_prompt) + " " + y* + " " + EOS
     scoreA = agg(p(y* tokens | text before them))     at the rollout temperature, the same aggregation as scoreB
@@ -9,15 +9,53 @@ so that the reward max(0, scoreB - scoreA) credits what the reasoning added. Com
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
 
-from verl.utils.rlpr.scoring import aggregate
+import torch
+from tqdm import tqdm
+
+from verl.protocol import DataProto
+from verl.workers.reward_manager.rlpr.scoring import aggregate
+from verl.workers.reward_manager.rlpr.splice import Spliced, build_pr_batch, tokenize_spliced
 
 
 def score_a_text(prompt_text: str, reference: str, eos: str) -> tuple[str, tuple[int, int]]:
     """The scored text and the character span of y* in it."""
     start = len(prompt_text) + 1
     return f"{prompt_text} {reference} {eos}", (start, start + len(reference))
+
+
+def score_a_key(prompt_text: str, reference: str) -> str:
+    """Key of a (prompt, reference answer) pair in the table of scoreA computed online (the official code's)."""
+    return f"{prompt_text}\n\n\n{reference}"
+
+
+def score_a_table(dataset, tokenizer, log_prob_fn: Callable[[DataProto], torch.Tensor], aggregation: str,
+                  max_prompt_length: int, max_response_length: int, chunk_size: int = 64) -> dict[str, float]:
+    """`score_a_key(prompt, y*) -> scoreA` for every item of an RL dataset (`raw_prompt_ids`, `reward_model`), scored
+    by `log_prob_fn` (the actor's log-prob pass: a batch with `responses` -> `(bs, response_len)` log-probs).
+
+    The text before y* is the prompt part of each row and y* + " " + EOS its response part, so the actor's usual
+    prompt/response batch layout scores it; `chunk_size` rows go to `log_prob_fn` at a time.
+    """
+    rows, keys = [], []
+    for i in tqdm(range(len(dataset)), desc="scoreA (initial weights)", unit="prompt"):
+        item = dataset[i]
+        prompt = tokenizer.decode(item["raw_prompt_ids"])
+        truth = str(item["reward_model"]["ground_truth"])
+        text, span = score_a_text(prompt, truth, tokenizer.eos_token)
+        rows.append(tokenize_spliced(Spliced(text, len(prompt), span, True), tokenizer, max_prompt_length,
+                                     max_response_length))
+        keys.append(score_a_key(prompt, truth))
+    table: dict[str, float] = {}
+    for start in range(0, len(rows), chunk_size):
+        tensors = build_pr_batch(rows[start : start + chunk_size], tokenizer.pad_token_id, max_prompt_length,
+                                 max_response_length)
+        mask = tensors.pop("answer_mask")
+        log_probs = log_prob_fn(DataProto.from_dict(tensors=tensors))
+        for key, score in zip(keys[start : start + chunk_size], aggregate(log_probs.cpu(), mask, aggregation)):
+            table[key] = float(score)
+    return table
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-r"""RLPR's probability reward, from token log-probs to the final reward (spec rlpr.md sec. 2.3, 2.4, 4).
+r"""RLPR's probability reward, from token log-probs to the final reward (arXiv 2506.18254).
 
     scoreB = agg(l_i for i in M)          l_i = log p(y*_i | x, z, y*_<i) at the rollout temperature, M = the y* tokens
     d      = f(scoreB - scoreA)            f: a shaping function by name; scoreA = 0 without debiasing
@@ -6,7 +6,7 @@ r"""RLPR's probability reward, from token log-probs to the final reward (spec rl
                                            (alpha = -1: R = d if F = 1 else -1)
 
 plus an optional discretisation of d (`bin_K`) and the repetition penalty (-1 on a nonzero R when a 10-word window
-repeats too often). Names follow the official implementation (OB), which parses parameters out of the names:
+repeats too often). Names follow the official RLPR implementation, which parses parameters out of the names:
 `threshold_0`, `sigmoid_6`, `comp_threshold_0.3_sigmoid_6`, ...
 """
 
@@ -51,7 +51,7 @@ def _sigmoid(u: float) -> float:
 
 
 def shaping_function(name: str, rng: random.Random | None = None) -> Callable[[float], float]:
-    """The shaping f of `reward_model.reward_manager_shaping_function_name` (table in spec sec. 2.4)."""
+    """The shaping f of `reward_model.reward_manager_shaping_function_name` (the official implementation's names)."""
     fields = name.split("_")
     try:
         if name == "identity":
@@ -150,5 +150,5 @@ def has_repetition(response: str, max_repetitions: int = 10, window: int = 10) -
 
 
 def repetition_penalty(reward: float, response: str, max_repetitions: int = 10) -> float:
-    """-1 added to a nonzero reward of a repetitive response (an exact 0 stays 0, as in OB)."""
+    """-1 added to a nonzero reward of a repetitive response (an exact 0 stays 0, as in the official implementation)."""
     return reward - 1.0 if reward != 0 and has_repetition(response, max_repetitions) else reward

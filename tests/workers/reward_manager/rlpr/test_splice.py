@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl.utils.rlpr.splice import build_pr_batch, is_valid, splice_reference, tokenize_spliced
+from verl.workers.reward_manager.rlpr.splice import build_pr_batch, is_valid, splice_reference, tokenize_spliced
 
 EOS = "<|im_end|>"
 

@@ -9,7 +9,7 @@ import sys
 
 import pandas as pd
 
-from verl.utils.dataset.arithmetic import (
+from verl.demo.arithmetic import (
     MAX_OPERAND,
     make_arithmetic_rows,
     sft_text,
@@ -97,7 +97,7 @@ def test_parquet_round_trip(arithmetic_data_dir):
 def test_write_returns_paths_and_cli(tmp_path, monkeypatch):
     train_path, test_path = write_arithmetic_dataset(str(tmp_path / "direct"), train_size=8, test_size=4, seed=2)
     assert (os.path.basename(train_path), os.path.basename(test_path)) == ("train.parquet", "test.parquet")
-    script = os.path.join(os.path.dirname(__file__), "..", "..", "..", "data", "make_arithmetic.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "data", "make_arithmetic.py")
     monkeypatch.setattr(
         sys,
         "argv",

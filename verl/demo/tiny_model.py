@@ -21,7 +21,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from verl.utils.dataset.arithmetic import make_arithmetic_rows, sft_text
+from verl.demo.arithmetic import make_arithmetic_rows, sft_text
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"

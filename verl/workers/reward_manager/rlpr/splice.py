@@ -1,10 +1,11 @@
-r"""Put the reference answer y* in place of the model's answer and find the tokens that score it (rlpr.md 2.1-2.2).
+r"""Put the reference answer y* in place of the model's answer and find the tokens that score it.
 
-For a response o = (reasoning z, answer y) the "PR sequence" is x + z + <answer> + lw + y* + tw + </answer> + EOS:
-everything the model wrote up to its last `<answer>` tag is kept as written (for R1 that includes the text between
-`</think>` and `<answer>`), lw is the whitespace the model put after `<answer>` (a single space when it put none) and
-tw is a single space. The y* tokens are those whose character span overlaps the inserted y*; a token that straddles
-the boundary (one that merges the leading space with y*'s first word) counts.
+For a response o = (reasoning z, answer y) the "PR sequence", built as the official RLPR implementation builds it, is
+x + z + <answer> + lw + y* + tw + </answer> + EOS: everything the model wrote up to its last `<answer>` tag is kept
+as written (for R1 that includes the text between `</think>` and `<answer>`), lw is the whitespace the model put after
+`<answer>` (a single space when it put none) and tw is a single space. The y* tokens are those whose character span
+overlaps the inserted y*; a token that straddles the boundary (one that merges the leading space with y*'s first
+word) counts.
 
 A response is valid when it has exactly one `<answer>` followed by some non-space text (`</answer>` is not needed, so
 a truncated answer is still scored) and, for R1, exactly one `<think>` and one `</think>` before it, in that order.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verl.utils.rlpr.scoring import FORMAT_MODES
+from verl.workers.reward_manager.rlpr.scoring import FORMAT_MODES
 
 
 @dataclass

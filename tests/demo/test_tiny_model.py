@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from verl.utils.tiny_model import build_tiny_model, build_tokenizer
+from verl.demo.tiny_model import build_tiny_model, build_tokenizer
 
 MESSAGES = [{"role": "user", "content": "What is 17 + 5? Put the final answer after ####."}]
 
