@@ -18,7 +18,7 @@ SMALL = ["trainer.total_training_steps=5", "data.train_batch_size=4", f"{ACTOR}.
 
 LOSSES = {
     "aspo": ([f"{ACTOR}.use_archer_policy_loss=true"],
-             ["actor/pg_clipfrac_upper", "actor/negative_pg_clipfrac_dual", "actor/positive_pg_clipfrac_dual",
+             ["actor/positive_pg_clipfrac", "actor/negative_pg_clipfrac_dual", "actor/positive_pg_clipfrac_dual",
               "actor/high_entropy_token_frac"]),
     "archer": ([f"{ACTOR}.policy_loss.loss_mode=archer", f"{ACTOR}.use_kl_loss=true", f"{ACTOR}.kl_loss_coef=0.01",
                 f"{ACTOR}.high_entropy_kl_loss_scale_coef=0.0"],

@@ -40,7 +40,7 @@ are measured per prompt, and the prompt starts with m = clip(int(n * sigmoid(bet
 trajectories; the other n - m come from branches (or refills). The measured tool trajectory is kept as the first of
 the m (the reference throws it away after paying for its tool calls).
 
-Fixes of the reference's bugs (spec arpo_aepo.md sec. 7): H_init per trajectory and call (not a dict that outlives
+Fixes of bugs in the reference (the ARPO / AEPO released code): H_init per trajectory and call (not a dict that outlives
 calls); dH measured on the tokens after the tool result (not the segment before it); a tool tag with empty or missing
 content, and a call past `tools.call_limit`, get a result text that says so (no silent end without EOS, no injected
 EOS token the model never sampled); each trajectory has its own token budget (no overshoot); leftover budget starts

@@ -52,7 +52,8 @@ from verl.workers.rollout.base import (
     register_rollout,
 )
 
-# vLLM's in-place weight push needs its engine core in this process (facts.md); set before vllm is imported.
+# vLLM's in-place weight push hands the engine core a function holding the actor's tensors (`collective_rpc`), so
+# the core must run in this process rather than in a child process; set before vllm is imported.
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 # vLLM logs every weight push and cache reset at INFO; keep the trainer's per-step lines readable unless asked.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -240,7 +241,7 @@ class VLLMRollout(RolloutEngine):
             tokenizer=tokenizer_path or model_path,
             trust_remote_code=trust_remote_code,
             hf_overrides=hf_overrides or None,
-            # The actor trains in float32 on CPU, and bf16 matmuls are ~4x slower there (facts.md).
+            # The actor trains in float32 on CPU, where bf16 matmuls are about 4x slower than float32 ones.
             dtype="float32" if on_cpu else config_value(config, "dtype", "bfloat16"),
             tensor_parallel_size=self.tp_size,
             load_format=load_format,

@@ -1,6 +1,6 @@
 """Load the tools of `actor_rollout_ref.rollout.tools` and run a round of calls concurrently.
 
-The settings follow the ARPO tool YAML (spec arpo_aepo.md sec. 2.1)::
+The settings follow the tool YAML of ARPO's released code::
 
     call_limit: 3          # tool calls per trajectory, all tools together (default 5)
     max_workers: 64        # threads running calls
@@ -17,7 +17,7 @@ naming such a file; inline keys win over the file's, except inline nulls. The re
 (`verl.workers.rollout.tools.python_tool.PythonTool`, `verl.workers.rollout.tools.search_tool.BingSearchTool`) load
 our classes, so its YAML files work unchanged.
 
-Fixes of the reference's executor (spec sec. 7): its timeout was passed to `future.result` after `as_completed` and
+Fixes of the reference's executor: its timeout was passed to `future.result` after `as_completed` and
 never fired; here a call that runs longer than `timeout` becomes a result text and the round returns without it.
 It retried every empty or failed result, so code that prints nothing ran `retry_count` times; here only failures
 marked transient are retried and deterministic output is returned as it is.

@@ -4,8 +4,8 @@ As in ARPO's tool, a last top-level statement that is a bare expression (not alr
 value printed, like a notebook cell; unlike it, a value of None is not printed (`main()` as the last line does not add
 a line "None"), and only that statement is rewritten, so the line numbers in a traceback are the model's own.
 
-Unlike the reference, which ran the code with `subprocess.run` and no limits (spec arpo_aepo.md sec. 2.3, bug 9), the
-code runs in `verl/utils/sandbox.py`: wall time, memory, processes, output size, no network, a fresh directory. No
+Unlike the reference, which ran the code with `subprocess.run` and no limits, the code runs in
+`verl/utils/sandbox.py`: wall time, memory, processes, output size, no network, a fresh directory. No
 state persists between calls. The result text is stdout (stripped), `(no output)` when there is none, the last
 lines of the traceback after an error, or one line saying which limit stopped the run; output is cut to
 `max_output_chars` characters plus a marker saying how much was cut.

@@ -37,7 +37,7 @@ NO_RESULTS = "No search results found."
 def normalize_query(query: str) -> str:
     """The query as sent and as the cache key: `"` removed (as the reference did), runs of whitespace collapsed to one
     space and the ends stripped. The reference keyed its cache on the query with only `"` removed, so "a  b" and
-    "a b" were two entries and two API calls (spec arpo_aepo.md sec. 7, bug 10)."""
+    "a b" were two entries and two API calls."""
     return " ".join(query.replace('"', "").split())
 
 
