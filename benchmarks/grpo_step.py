@@ -167,8 +167,8 @@ def summarize(step_seconds: list[float], phase_seconds: list[dict[str, float]], 
 def run_quiver(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
     import ray
 
+    from verl.trainer.config import load_config
     from verl.trainer.main_ppo import run_ppo
-    from verl.utils.config import load_config
 
     max_prompt_length = args.max_prompt_length or longest_prompt_tokens(model_dir, data_dir)
     overrides = [

@@ -55,8 +55,8 @@ def merge_checkpoint(actor_dir: str, target_dir: str) -> None:
 def evaluate_model(model_dir: str, data_path: str, output_path: str, n_samples: int | None,
                    overrides: list[str]) -> dict[str, dict[str, float]]:
     """main_generation on one model; returns its metrics ({data_source: {metric: value}})."""
+    from verl.trainer.config import load_config
     from verl.trainer.main_generation import run_generation
-    from verl.utils.config import load_config
 
     base = [f"model.path={model_dir}", f"data.path={data_path}", f"data.output_path={output_path}"]
     if n_samples is not None:

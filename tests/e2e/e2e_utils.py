@@ -2,10 +2,10 @@
 
 import os
 
+from verl.trainer.config import load_config
 from verl.trainer.ppo.config_rules import validate_ppo_config
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.reward import load_reward_manager
-from verl.utils.config import load_config
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 DIGIT_REWARD = os.path.join(os.path.dirname(__file__), "digit_reward.py")

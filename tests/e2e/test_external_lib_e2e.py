@@ -4,9 +4,10 @@ policy loss it registers is selectable by name and really runs in the workers' u
 import pytest
 from e2e_utils import tiny_overrides
 
+from verl.trainer.config import load_config
 from verl.trainer.main_ppo import run_ppo
 from verl.trainer.ppo import core_algos
-from verl.utils.config import ConfigError, load_config
+from verl.utils.config import ConfigError
 
 PLUGIN = '''
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_policy_loss

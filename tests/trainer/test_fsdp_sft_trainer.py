@@ -14,8 +14,9 @@ import torch
 
 from verl.demo.arithmetic import make_arithmetic_rows, sft_text
 from verl.trainer import fsdp_sft_trainer
+from verl.trainer.config import load_config
 from verl.trainer.ppo.config_rules import validate_ppo_config
-from verl.utils.config import load_config
+from verl.utils.config import ConfigError
 
 STEPS = 30
 
@@ -148,6 +149,22 @@ def test_config_mistakes_stop_before_training(tiny_model_dir, sft_files, tmp_pat
     assert "data.train_batch_size / ranks = 6 must be divisible by data.micro_batch_size_per_gpu=4" in err
     assert "model.lora_rank>0" in err
     assert not os.listdir(tmp_path)
+
+
+def test_every_broken_rule_is_reported_at_once(sft_files, tmp_path):
+    """Each section's rules (verl/trainer/config/sft.py) and the batch rule across ranks, in one message."""
+    config = load_config("sft_trainer", _overrides(str(tmp_path), sft_files[0], tmp_path, 1, 0, "data.truncation=middle",
+                                                   "optim.lr_scheduler=linear", "model.fsdp_config.model_dtype=fp16",
+                                                   "ulysses_sequence_parallel_size=2", "trainer.default_hdfs_dir=hdfs://x"))
+    with pytest.raises(ConfigError) as err:
+        fsdp_sft_trainer.validate_sft_config(config, world_size=1)
+    for fragment in ("data.micro_batch_size_per_gpu=0 must be a positive integer", "data.truncation='middle'",
+                     "optim.lr_scheduler='linear'", "model.fsdp_config.model_dtype='fp16'",
+                     "ulysses_sequence_parallel_size=2", "trainer.default_hdfs_dir"):
+        assert fragment in str(err.value)
+    config = load_config("sft_trainer", _overrides(str(tmp_path), sft_files[0], tmp_path, 1, 4))
+    with pytest.raises(ConfigError, match=r"data.train_batch_size=16 must be divisible by the number of ranks \(3\)"):
+        fsdp_sft_trainer.validate_sft_config(config, world_size=3)
 
 
 def test_verl_plus_overrides_on_existing_keys_are_accepted():

@@ -8,8 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from verl.trainer.config import load_config
 from verl.trainer.main_eval import main, run_eval
-from verl.utils.config import ConfigError, load_config
+from verl.utils.config import ConfigError
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 SAMPLE = DATA / "livecodebench_sample.jsonl"
@@ -100,3 +101,16 @@ def test_bad_files_name_the_column_or_row(tmp_path, rows, overrides, message):
 def test_cli_reports_a_missing_file(tmp_path, capsys):
     assert main([f"data.path={tmp_path}/nothing.parquet"]) == 2
     assert "data.path=" in capsys.readouterr().err
+
+
+def test_config_rules_are_reported_together(tmp_path, capsys):
+    """Each section's rules (verl/trainer/config/evaluation.py), in one message before any grading."""
+    data = write_jsonl(tmp_path / "gen.txt", scored_rows("reference"))
+    assert main([f"data.path={data}", "num_workers=-1", "timeout_s=0", f"custom_reward_function.path={tmp_path}/r.py",
+                 "reward_model.code_execution.memory_mb=lots"]) == 2
+    assert "reward_model.code_execution.memory_mb='lots' must be an integer" in capsys.readouterr().err
+    assert main([f"data.path={data}", "num_workers=-1", "timeout_s=0", f"custom_reward_function.path={tmp_path}/r.py"]) == 2
+    err = capsys.readouterr().err
+    for fragment in ("data.path=", "must be a .parquet/.jsonl/.json file", "num_workers=-1 must be >= 0",
+                     "timeout_s=0.0 must be > 0", "custom_reward_function.path="):
+        assert fragment in err

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from verl.trainer.config import load_config
 from verl.trainer.main_generation import (
     check_generation_config,
     infer_n_samples,
@@ -17,7 +18,7 @@ from verl.trainer.main_generation import (
     metrics_path,
     run_generation,
 )
-from verl.utils.config import ConfigError, load_config
+from verl.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["rollout.response_length=12", "data.batch_size=3", "trainer.device=cpu"]

@@ -1,8 +1,9 @@
 import pytest
 
+from verl.trainer.config import load_config
 from verl.trainer.main_ppo import main
 from verl.trainer.ppo.config_rules import validate_ppo_config
-from verl.utils.config import ConfigError, load_config, parse_cli
+from verl.utils.config import ConfigError, parse_cli
 
 
 def test_defaults_load_and_validate():
@@ -172,3 +173,46 @@ def test_an_engine_added_with_register_rollout_passes_validation():
         validate_ppo_config(cfg)
     finally:
         del _ROLLOUT_REGISTRY["my_engine"]
+
+
+def test_verl_keys_that_do_nothing_are_announced_once_each(capsys):
+    from verl.trainer.ppo.config_rules import INERT_KEYS, announce_inert_keys
+
+    assert announce_inert_keys(load_config()) == []  # the defaults say nothing
+    cfg = load_config(overrides=["actor_rollout_ref.model.use_liger=true", "critic.ppo_mini_batch_size=4",
+                                 "actor_rollout_ref.actor.checkpoint.save_contents=[model]"])
+    keys = announce_inert_keys(cfg)
+    assert keys == ["actor_rollout_ref.model.use_liger", "actor_rollout_ref.actor.checkpoint.save_contents",
+                    "critic.ppo_mini_batch_size"]
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == ("[config] actor_rollout_ref.model.use_liger=true is accepted for verl scripts but does "
+                        "nothing in Quiver: " + INERT_KEYS["actor_rollout_ref.model.use_liger"])
+    assert len(lines) == 3 and 'save_contents=["model"]' in lines[1]
+
+
+def test_every_inert_key_exists_in_the_config():
+    from omegaconf import OmegaConf
+
+    from verl.trainer.ppo.config_rules import INERT_KEYS
+
+    cfg = load_config()
+    missing = [key for key in INERT_KEYS if OmegaConf.select(cfg, key, default="<missing>") == "<missing>"]
+    assert missing == []
+
+
+def test_fsdp_compute_dtype_is_checked():
+    cfg = load_config(overrides=["actor_rollout_ref.actor.fsdp_config.dtype=int8"])
+    with pytest.raises(ConfigError, match="actor_rollout_ref.actor.fsdp_config.dtype='int8' must be one of bf16"):
+        validate_ppo_config(cfg)
+
+
+def test_default_of_reads_the_yaml_and_names_an_unknown_key():
+    from verl.utils.config import default_of, option
+
+    assert default_of("actor_rollout_ref.actor.clip_ratio") == 0.2
+    assert default_of("actor_rollout_ref.rollout.entropy_top_k") == 10  # from the rollout group
+    assert default_of("rollout.name", "generation") == "hf"
+    assert option({"clip_ratio": None}, "clip_ratio", "actor_rollout_ref.actor") == 0.2
+    assert option({"clip_ratio": 0.3}, "clip_ratio", "actor_rollout_ref.actor") == 0.3
+    with pytest.raises(KeyError, match="'actor_rollout_ref.actor.nope' is not a key of ppo_trainer.yaml"):
+        default_of("actor_rollout_ref.actor.nope")

@@ -32,65 +32,35 @@ from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 from verl.single_controller.base.worker import BACKENDS, find_free_port
-from verl.utils.config import ConfigError, need, resolve_device, run_cli
-from verl.utils.dataset.sft_dataset import FORMATS, TRUNCATION_MODES, SFTDataset
+from verl.trainer.config import run_cli
+from verl.trainer.config.sft import MODEL_DTYPES, SFTConfig
+from verl.utils.config import ConfigError, need, resolve_device
+from verl.utils.dataset.sft_dataset import SFTDataset
 from verl.utils.fsdp_utils import build_optimizer, clip_grad_and_step, shard_model
 from verl.utils.import_utils import import_external_libs
 from verl.utils.tracking import Tracking
+from verl.utils.typed_config import build_section, check_config_types
 
 CONFIG_NAME = "sft_trainer"
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 # ------------------------------------------------------------------------------------------------- set-up
 def validate_sft_config(config: DictConfig, world_size: int) -> None:
-    """Raise one ConfigError listing every setting that cannot work (checked before any model is loaded)."""
+    """Raise one ConfigError listing every setting that cannot work (checked before any model is loaded).
+
+    Each section checks its own keys (verl/trainer/config/sft.py); here the batch sizes against the ranks."""
     problems: list[str] = []
-    data, model, optim, trainer = config.data, config.model, config.optim, config.trainer
-    bsz, global_micro, steps = data.train_batch_size, data.micro_batch_size, trainer.total_training_steps
-    for key, value, nullable in (("data.train_batch_size", bsz, False), ("data.micro_batch_size", global_micro, True),
-                                 ("data.micro_batch_size_per_gpu", data.micro_batch_size_per_gpu, False),
-                                 ("trainer.total_training_steps", steps, True)):
-        need((nullable and value is None) or (isinstance(value, int) and value >= 1),
-              f"{key}={value!r} must be a positive integer{' (or null)' if nullable else ''}", problems)
-    if not problems:
+    build_section(SFTConfig, check_config_types(SFTConfig, config), problems)
+    data = config.data
+    bsz, global_micro = data.train_batch_size, data.micro_batch_size
+    sizes = (bsz, data.micro_batch_size_per_gpu, 1 if global_micro is None else global_micro)
+    if min(sizes) >= 1:  # a size < 1 is reported by the data section
         micro = micro_batch_size_per_rank(config, world_size)
         micro_name = "data.micro_batch_size / ranks" if global_micro is not None else "data.micro_batch_size_per_gpu"
         need(bsz % world_size == 0, f"data.train_batch_size={bsz} must be divisible by the number of ranks "
-              f"({world_size})", problems)
+             f"({world_size})", problems)
         need(bsz // world_size % micro == 0, f"the per-rank batch data.train_batch_size / ranks = "
-              f"{bsz // world_size} must be divisible by {micro_name}={micro}", problems)
-    need(steps is not None or trainer.total_epochs >= 1,
-          f"trainer.total_epochs={trainer.total_epochs} must be >= 1", problems)
-    need(data.max_length >= 2, f"data.max_length={data.max_length} must be at least 2", problems)
-    need(data.truncation in TRUNCATION_MODES,
-          f"data.truncation={data.truncation!r} must be one of {', '.join(TRUNCATION_MODES)}", problems)
-    need(data.format in ("auto", *FORMATS), f"data.format={data.format!r} must be auto or one of "
-          f"{', '.join(FORMATS)}", problems)
-    need(optim.lr_scheduler in ("constant", "cosine"),
-          f"optim.lr_scheduler={optim.lr_scheduler!r} must be constant or cosine", problems)
-    need(0 <= optim.warmup_steps_ratio < 1, f"optim.warmup_steps_ratio={optim.warmup_steps_ratio} must be in [0, 1)",
-          problems)
-    need(model.lora_rank == 0, "model.lora_rank>0 (LoRA) is not available yet; set it to 0", problems)
-    need(not model.use_liger, "model.use_liger=true is not available; set it to false", problems)
-    need(model.strategy in ("fsdp", "fsdp2"), f"model.strategy={model.strategy!r} must be fsdp or fsdp2", problems)
-    need(model.fsdp_config.model_dtype in _DTYPES, f"model.fsdp_config.model_dtype={model.fsdp_config.model_dtype!r} "
-          f"must be one of {', '.join(_DTYPES)}", problems)
-    need(config.ulysses_sequence_parallel_size == 1,
-          f"ulysses_sequence_parallel_size={config.ulysses_sequence_parallel_size}: sequence parallelism is not "
-          "available; set it to 1", problems)
-    need(trainer.default_hdfs_dir is None, "trainer.default_hdfs_dir: uploading to HDFS is not available; set it "
-          "to null", problems)
-    for key in ("data.train_files", "data.val_files"):
-        files = OmegaConf.select(config, key)
-        if files is None:
-            need(key != "data.train_files", "data.train_files must name at least one file", problems)
-            continue
-        for path in [files] if isinstance(files, str) else list(files):
-            need(os.path.exists(os.path.expanduser(path)), f"{key}: file not found: {path}", problems)
-    need(os.path.isdir(os.path.expanduser(model.partial_pretrain)),
-          f"model.partial_pretrain: not a local model directory: {model.partial_pretrain} "
-          "(models are never downloaded at run time)", problems)
+             f"{bsz // world_size} must be divisible by {micro_name}={micro}", problems)
     if problems:
         raise ConfigError("the config has problems:\n  - " + "\n  - ".join(problems))
 
@@ -126,7 +96,7 @@ def load_model(config: DictConfig, device: torch.device) -> torch.nn.Module:
     import_external_libs(config.model.external_lib, key="model.external_lib")
     model = AutoModelForCausalLM.from_pretrained(
         os.path.expanduser(config.model.partial_pretrain),
-        dtype=_DTYPES[config.model.fsdp_config.model_dtype],
+        dtype=getattr(torch, MODEL_DTYPES[config.model.fsdp_config.model_dtype]),
         trust_remote_code=config.model.trust_remote_code,
     )
     if config.model.enable_gradient_checkpointing:

@@ -25,12 +25,14 @@ import pyarrow.parquet as pq
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from verl.trainer.main_generation import DATA_SUFFIXES
+from verl.trainer.config import run_cli
+from verl.trainer.config.evaluation import EvaluationConfig
 from verl.trainer.ppo.eval_metrics import compute_eval_metrics, format_metrics_table
 from verl.trainer.ppo.reward import default_score_fn, get_custom_reward_fn, grading_timeout_s
-from verl.utils.config import ConfigError, run_cli
+from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import read_rows
 from verl.utils.timed_pool import TimedProcessPool
+from verl.utils.typed_config import build_section, check_config_types
 
 STATUS_KEY = "reward_status"
 
@@ -39,17 +41,20 @@ def _as_list(value: Any) -> Any:
     return value.tolist() if isinstance(value, np.ndarray) else value
 
 
+def check_eval_config(config: DictConfig) -> None:
+    """Raise one ConfigError listing every problem (naming the keys). Each section checks its own keys
+    (verl/trainer/config/evaluation.py); no rule spans sections."""
+    problems: list[str] = []
+    build_section(EvaluationConfig, check_config_types(EvaluationConfig, config), problems)
+    if problems:
+        raise ConfigError("the evaluation config has problems:\n  - " + "\n  - ".join(problems))
+
+
 def load_responses(config: DictConfig) -> tuple[list[dict], list[list[str]]]:
-    """The rows of `data.path` and each row's responses; a ConfigError names the column or row at fault."""
+    """The rows of `data.path` (a file, checked by `check_eval_config`) and each row's responses; a ConfigError
+    names the column or row at fault."""
     data = config.data
-    if data.path is None:
-        raise ConfigError("data.path is not set; pass data.path=<file with a responses column>")
-    path = os.path.expanduser(data.path)
-    if not os.path.isfile(path):
-        raise ConfigError(f"data.path={data.path}: file not found")
-    if not path.endswith(DATA_SUFFIXES):
-        raise ConfigError(f"data.path={data.path} must be a {'/'.join(DATA_SUFFIXES)} file")
-    rows = read_rows(path)
+    rows = read_rows(os.path.expanduser(data.path))
     if not rows:
         raise ConfigError(f"data.path={data.path} has no rows")
     for key in ("response_key", "data_source_key", "reward_model_key"):
@@ -92,8 +97,6 @@ def grade(config: DictConfig, calls: list[dict[str, Any]]) -> tuple[list[float],
     compute_score = get_custom_reward_fn(config) or default_score_fn(config, is_eval=True)
     num_workers = config.num_workers if config.num_workers is not None else min(8, os.cpu_count() or 1)
     timeout_s = config.timeout_s if config.timeout_s is not None else grading_timeout_s(config)
-    if num_workers < 0 or timeout_s <= 0:
-        raise ConfigError(f"num_workers={num_workers} must be >= 0 and timeout_s={timeout_s} > 0")
 
     if num_workers == 0:
         results = [("ok", compute_score(**call)) for call in tqdm(calls, desc="grading", unit="response")]
@@ -126,6 +129,7 @@ def grade(config: DictConfig, calls: list[dict[str, Any]]) -> tuple[list[float],
 
 def run_eval(config: DictConfig) -> dict[str, dict[str, float]]:
     """Grade, write the metrics JSON (and the scored rows when data.output_path is set); return the metrics."""
+    check_eval_config(config)
     rows, responses = load_responses(config)
     n_samples = len(responses[0])
     calls = grading_calls(config, rows, responses)

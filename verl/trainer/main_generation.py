@@ -38,17 +38,17 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from verl.protocol import DataProto
+from verl.trainer.config import run_cli
+from verl.trainer.config.generation import GenerationConfig
 from verl.trainer.ppo.eval_metrics import ALL_SOURCES, compute_eval_metrics, format_metrics_table
-from verl.utils.config import ConfigError, resolve_device, run_cli
+from verl.utils.config import ConfigError, resolve_device
 from verl.utils.dataset.rl_dataset import read_rows
 from verl.utils.import_utils import ExternalLibError, import_external_libs
-from verl.workers.rollout.base import known_rollout_names
+from verl.utils.typed_config import build_section, check_config_types
 
 # "AvgN" as its own token: not preceded by a letter (so "navg8" does not count) and not followed by more digits.
 _AVG_N_TOKEN = re.compile(r"(?<![a-z])avg(\d+)(?!\d)", re.IGNORECASE)
 
-TRUNCATION_MODES = ("error", "left", "right", "middle")
-DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 def infer_n_samples(data_path: str) -> int | None:
@@ -74,54 +74,19 @@ def is_greedy(rollout: DictConfig) -> bool:
 
 
 def check_generation_config(config: DictConfig) -> int:
-    """Raise one ConfigError listing every problem (naming the keys); return the number of samples per prompt."""
+    """Raise one ConfigError listing every problem (naming the keys); return the number of samples per prompt.
+
+    Each section checks its own keys (verl/trainer/config/generation.py); here the rules across sections."""
     problems: list[str] = []
-    data, model, rollout = config.data, config.model, config.rollout
-
-    if model.path is None:
-        problems.append("model.path is not set; pass model.path=<local Hugging Face model directory>")
-    elif not os.path.isfile(os.path.join(os.path.expanduser(model.path), "config.json")):
-        problems.append(f"model.path={model.path}: not a Hugging Face model directory (no config.json there; "
-                        "models are never downloaded at run time)")
-    if data.path is None:
-        problems.append("data.path is not set; pass data.path=<prompts .parquet/.jsonl/.json file>")
-    elif not os.path.isfile(os.path.expanduser(data.path)):
-        problems.append(f"data.path={data.path}: file not found")
-    elif not str(data.path).endswith(DATA_SUFFIXES):
-        problems.append(f"data.path={data.path} must be a {'/'.join(DATA_SUFFIXES)} file")
-    if data.output_path is None:
-        problems.append("data.output_path is not set; pass data.output_path=<file .parquet to write>")
-    elif not str(data.output_path).endswith(".parquet"):
-        problems.append(f"data.output_path={data.output_path} must end with .parquet")
-    custom = config.custom_reward_function.path
-    if custom is not None and not os.path.isfile(os.path.expanduser(custom)):
-        problems.append(f"custom_reward_function.path={custom}: file not found")
-
-    for key in ("data.batch_size", "rollout.response_length", "rollout.prompt_length"):
-        value = OmegaConf.select(config, key)
-        if not (isinstance(value, int) and value >= 1):
-            problems.append(f"{key}={value} must be a positive integer")
-    if data.max_prompt_length is not None and data.max_prompt_length < 1:
-        problems.append(f"data.max_prompt_length={data.max_prompt_length} must be a positive integer (or null)")
-    if rollout.micro_batch_size is not None and rollout.micro_batch_size < 1:
-        problems.append(f"rollout.micro_batch_size={rollout.micro_batch_size} must be >= 1 (or null)")
-    if data.truncation not in TRUNCATION_MODES:
-        problems.append(f"data.truncation={data.truncation!r} must be one of {', '.join(TRUNCATION_MODES)}")
-    if rollout.temperature < 0:
-        problems.append(f"rollout.temperature={rollout.temperature} must be >= 0 (0 means greedy)")
-    if not 0 < rollout.top_p <= 1:
-        problems.append(f"rollout.top_p={rollout.top_p} must be in (0, 1]")
-    engines = [name for name in known_rollout_names() if name != "auto"]
-    if rollout.name not in engines:
-        problems.append(f"rollout.name={rollout.name!r} must be one of {', '.join(engines)} (an engine of your own "
-                        "is selectable once model.external_lib has imported its module)")
-    elif rollout.name == "vllm":
+    build_section(GenerationConfig, check_config_types(GenerationConfig, config), problems)
+    model, rollout = config.model, config.rollout
+    if rollout.name == "vllm" and model.path is not None:
         from verl.workers.rollout.vllm_rollout import config_problems
 
         tp = rollout.tensor_model_parallel_size
         problems.extend(config_problems(rollout, model.path, resolve_device(config.trainer.device),
                                         tp if isinstance(tp, int) and tp > 0 else 1, "rollout"))
-
+    data = config.data
     n_samples = resolve_n_samples(config)
     origin = (f"data.n_samples={n_samples}" if data.n_samples is not None
               else f"data.n_samples=null (N={n_samples} from the AvgN token in data.path)")

@@ -12,8 +12,9 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from verl.trainer.config import run_cli
 from verl.trainer.ppo.config_rules import announce_inert_keys, validate_ppo_config
-from verl.utils.config import ConfigError, resolve_device, run_cli
+from verl.utils.config import ConfigError, resolve_device
 from verl.utils.import_utils import ExternalLibError, import_external_libs
 
 

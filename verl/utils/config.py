@@ -2,7 +2,7 @@
 
 Three kinds of mistakes are caught here, each with a message that names the key, its value and the fix:
 1. an override of a key that does not exist (with the closest existing names as suggestions);
-2. a value of the wrong type for its key (compared with the type of the default in the YAML);
+2. a value of the wrong type for its key (against the typed sections, `verl/utils/typed_config.py`);
 3. values that cannot work together (batch sizes that do not divide, unknown algorithm names, missing files).
 """
 
@@ -11,8 +11,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
-import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,59 +70,6 @@ def drop_plus_for_existing_key(base: DictConfig, override: str) -> str:
 
 
 _MISSING = object()
-_TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a number", str: "a string", list: "a list",
-               dict: "a mapping"}
-
-
-def _kind(value: Any) -> type | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return bool
-    if isinstance(value, int):
-        return int
-    if isinstance(value, float):
-        return float
-    if isinstance(value, str):
-        return str
-    if isinstance(value, (list, tuple, ListConfig)):
-        return list
-    if isinstance(value, (dict, DictConfig)):
-        return dict
-    return type(value)
-
-
-def check_types(defaults: DictConfig, cfg: DictConfig, prefix: str = "") -> None:
-    """Raise ConfigError where a value's type differs from its default's (null defaults accept anything)."""
-    problems = []
-    for key in defaults.keys():
-        path = f"{prefix}{key}"
-        default_node = defaults._get_node(key)
-        if key not in cfg:
-            continue
-        if isinstance(default_node, DictConfig):
-            if not isinstance(cfg._get_node(key), DictConfig):
-                problems.append(f"{path} must be a mapping, got {OmegaConf.to_container(cfg)[key]!r}")
-                continue
-            try:
-                check_types(default_node, cfg[key], path + ".")
-            except ConfigError as err:
-                problems.append(str(err))
-            continue
-        if OmegaConf.is_interpolation(defaults, key) or OmegaConf.is_missing(defaults, key):
-            continue
-        want, value = _kind(default_node._value()), cfg[key]
-        got = _kind(value)
-        if want is None or got is None or want is got or want is str:
-            continue
-        if want is float and got is int:
-            continue
-        if want is list and got is str:  # verl scripts write trainer.logger=console for a one-item list
-            continue
-        problems.append(f"{path}={value!r} must be {_TYPE_NAMES.get(want, want.__name__)} "
-                        f"(default: {default_node._value()!r})")
-    if problems:
-        raise ConfigError("\n".join(problems))
 
 
 @functools.cache
@@ -159,9 +105,21 @@ def default_of(key: str, config_name: str = "ppo_trainer") -> Any:
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
-def load_config(config_name: str = "ppo_trainer", overrides: list[str] | None = None,
-                config_dir: str = CONFIG_DIR) -> DictConfig:
-    """Compose a config from the YAML and `k=v` overrides, checking keys and types (used by tests and tools)."""
+def option(config: Any, key: str, section: str) -> Any:
+    """`config.key` of a DictConfig, a mapping, an attribute-style object or None; a missing or null value gives the
+    shipped default of `section.key`. For code that may be handed a partial config (tests, tools): the default is
+    read from the YAML, never restated."""
+    if isinstance(config, Mapping) or hasattr(config, "get"):
+        value = config.get(key)
+    else:
+        value = getattr(config, key, None)
+    return default_of(f"{section}.{key}") if value is None else value
+
+
+def compose_config(config_name: str = "ppo_trainer", overrides: list[str] | None = None,
+                   config_dir: str = CONFIG_DIR) -> tuple[DictConfig, DictConfig]:
+    """(the config without overrides, the config with them), composed by Hydra from `config_dir`; an override of a
+    key that does not exist (without `+`) or one Hydra cannot apply is a ConfigError."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -177,8 +135,7 @@ def load_config(config_name: str = "ppo_trainer", overrides: list[str] | None = 
             cfg = compose(config_name=config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(f"could not apply the overrides {overrides}: {err}") from err
-    check_types(base, cfg)
-    return cfg
+    return base, cfg
 
 
 def parse_cli(argv: list[str], default_config_name: str = "ppo_trainer") -> tuple[str, str, list[str]]:
@@ -197,20 +154,6 @@ def parse_cli(argv: list[str], default_config_name: str = "ppo_trainer") -> tupl
         else:
             overrides.append(arg)
     return config_dir, config_name, overrides
-
-
-def run_cli(default_config_name: str, run, argv: list[str] | None = None) -> int:
-    """The body of every `python -m verl.trainer.X k=v ...` entry: parse, load and check the config, call `run`.
-
-    A config mistake prints one message and exits with code 2 before anything starts.
-    """
-    config_dir, config_name, overrides = parse_cli(sys.argv[1:] if argv is None else argv, default_config_name)
-    try:
-        run(load_config(config_name, overrides, config_dir=config_dir))
-    except ConfigError as err:
-        print(f"Config error: {err}", file=sys.stderr)
-        return 2
-    return 0
 
 
 def need(condition: bool, message: str, problems: list[str]) -> None:

@@ -8,22 +8,27 @@ import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+# `fsdp_config.dtype`: the compute dtype of mixed precision on CUDA (verl's names and torch's).
+COMPUTE_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+                  "fp32": "float32", "float32": "float32"}
+
 
 def shard_model(model: torch.nn.Module, mesh, device: str, fsdp_config=None) -> torch.nn.Module:
     """Apply FSDP2: each decoder layer is its own shard group, then the root (embeddings, norm, head).
 
-    On CUDA, compute runs in bf16 with fp32 gradient reduction, and `param_offload`/`offload_policy` keep the
+    On CUDA, compute runs in `fsdp_config.dtype` (bf16 when the config has none) with fp32 gradient reduction, and `param_offload`/`offload_policy` keep the
     parameters in host memory between uses. On CPU everything stays fp32.
     """
     fsdp_config = fsdp_config or {}
-    reshard = fsdp_config.get("reshard_after_forward", True)
+    reshard = fsdp_config.get("reshard_after_forward")
     if reshard is None:
         # On CPU the all-gather over gloo costs more than the memory of keeping the gathered weights from the
         # forward to the backward pass (call `reshard_all` after a forward without backward).
         reshard = device != "cpu"
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard}
     if device == "cuda":
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        compute = getattr(torch, COMPUTE_DTYPES[str(fsdp_config.get("dtype") or "bfloat16")])
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
         if fsdp_config.get("param_offload") or fsdp_config.get("offload_policy"):
             kwargs["offload_policy"] = CPUOffloadPolicy()
     # A peft model wraps the HF model: its decoder layers are those of the base model.

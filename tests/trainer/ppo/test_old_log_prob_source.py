@@ -2,9 +2,10 @@
 
 import pytest
 
+from verl.trainer.config import load_config
 from verl.trainer.ppo.config_rules import validate_ppo_config
 from verl.trainer.ppo.ray_trainer import old_log_prob_source
-from verl.utils.config import ConfigError, load_config
+from verl.utils.config import ConfigError
 
 BASE = ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
 

@@ -39,6 +39,7 @@ from verl.trainer.ppo.filters import (
     parse_source_multipliers,
     scale_stds_by_source,
 )
+from verl.utils.config import option
 from verl.utils.registry import lookup, register_in
 
 BATCH_FILTER_REGISTRY: dict[str, type[BatchFilter]] = {}
@@ -264,10 +265,11 @@ class EmaStdBatchFilter(BatchFilter):
     """
 
     def __init__(self, std_filter: EmaStdFilter, target: RefillTarget, prompt_batch_size: int,
-                 multipliers: dict[str, float] | None = None, reward_fn_key: str = "data_source",
+                 multipliers: dict[str, float] | None = None, reward_fn_key: str | None = None,
                  cache_regenerate: bool = True):
         self.std_filter, self.target, self.prompt_batch_size = std_filter, target, prompt_batch_size
-        self.multipliers, self.reward_fn_key, self.cache_regenerate = multipliers or {}, reward_fn_key, cache_regenerate
+        self.multipliers, self.cache_regenerate = multipliers or {}, cache_regenerate
+        self.reward_fn_key = option({"reward_fn_key": reward_fn_key}, "reward_fn_key", "data")
         self.prompt_cache: list[dict] = []  # one row per surplus kept group: its prompt, to generate again
         self.prompt_keys: list[str] = []  # the non-tensor columns of the prompt batches, kept with cached prompts
         self.begin_step(0)

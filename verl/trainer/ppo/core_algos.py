@@ -14,14 +14,14 @@ Plug-ins register by name, so adding an algorithm is one decorated function:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
 import numpy as np
 import torch
 
-from verl.utils.config import default_of
+from verl.utils.config import option
 from verl.utils.registry import lookup, register_in
 from verl.utils.torch_functional import masked_mean, masked_sum
 
@@ -37,13 +37,8 @@ class AdvantageEstimator(str, Enum):
 
 
 def _cfg_get(config: Any, key: str, section: str = "actor_rollout_ref.actor") -> Any:
-    """`config.key` for a DictConfig, dict, dataclass or None; a missing or null value gives the shipped default of
-    `section.key` (ppo_trainer.yaml, the one place defaults are written), so a partial config acts like a full one."""
-    if isinstance(config, Mapping):
-        value = config.get(key)
-    else:
-        value = getattr(config, key, None)
-    return default_of(f"{section}.{key}") if value is None else value
+    """`config.key` (a DictConfig, dict, dataclass or None); missing or null: ppo_trainer.yaml's default."""
+    return option(config, key, section)
 
 
 def register_adv_est(name: str | AdvantageEstimator) -> Callable[[Callable], Callable]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from verl.protocol import DataProto
+from verl.utils.config import option
 
 # Metric names computed from token-level tensors; any other name is looked up in `non_tensor_batch`.
 _TENSOR_METRICS = {
@@ -152,8 +153,13 @@ class EmaStdFilter:
     dropped groups count alike); during the warm-up, those of the training batch.
     """
 
-    def __init__(self, beta: float = 0.5, ema_ratio: float = 0.99, ema_start_step: int = 6,
-                 filter_start_step: int = 11, upper_bound: float = 1e6, resume_ema_mean: float | None = None):
+    def __init__(self, beta: float | None = None, ema_ratio: float | None = None, ema_start_step: int | None = None,
+                 filter_start_step: int | None = None, upper_bound: float = 1e6, resume_ema_mean: float | None = None):
+        """Arguments left None take their `algorithm.*` defaults (std_filter_beta, filter_ema_ratio,
+        filter_ema_start_step, filter_start_step) from ppo_trainer.yaml."""
+        given = {"std_filter_beta": beta, "filter_ema_ratio": ema_ratio, "filter_ema_start_step": ema_start_step,
+                 "filter_start_step": filter_start_step}
+        beta, ema_ratio, ema_start_step, filter_start_step = (option(given, key, "algorithm") for key in given)
         if not 0 <= ema_ratio < 1 or beta < 0 or not 1 <= ema_start_step < filter_start_step:
             raise ValueError(f"EMA std filter: need 0 <= filter_ema_ratio={ema_ratio} < 1, std_filter_beta={beta} >= 0 "
                              f"and 1 <= filter_ema_start_step={ema_start_step} < filter_start_step={filter_start_step}")

@@ -26,6 +26,7 @@ from verl.trainer.ppo.filters import overlong_filter, truncate_to_multiple
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, find_latest_ckpt_path, remove_old_checkpoints
+from verl.utils.config import option
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
 from verl.utils.seqlen_balancing import balance_batch_partitions
@@ -57,7 +58,7 @@ def old_log_prob_source(config: DictConfig, num_sequences: int, device: str) -> 
     before the update (KL in the reward, an estimator that takes them), else rollout when the engine's log-probs are
     the actor's up to float rounding (the HF engine on CPU without LoRA, plain sampling), else recompute.
     """
-    mode = OmegaConf.select(config, "algorithm.rollout_correction.bypass_mode", default="auto")
+    mode = option(config.algorithm.get("rollout_correction"), "bypass_mode", "algorithm.rollout_correction")
     if mode is True or mode == "true":
         return "rollout"
     if mode is False or mode == "false":
@@ -69,7 +70,7 @@ def old_log_prob_source(config: DictConfig, num_sequences: int, device: str) -> 
     if on_policy and not config.algorithm.use_kl_in_reward and not estimator_reads:
         return "actor"
     exact_engine = (device == "cpu" and resolve_rollout_name(rollout.name, device) == "hf"
-                    and not uses_agent_loop(rollout) and config.actor_rollout_ref.model.get("lora_rank", 0) == 0)
+                    and not uses_agent_loop(rollout) and config.actor_rollout_ref.model.lora_rank == 0)
     return "rollout" if exact_engine else "recompute"
 
 

@@ -13,6 +13,7 @@ import torch
 from verl.protocol import DataProto
 from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager import get_reward_manager_cls
+from verl.workers.reward_manager.naive import GRADING_TIMEOUT_S
 
 
 def _section(config: Any, key: str) -> Any:
@@ -57,14 +58,14 @@ def default_score_fn(config: Any, is_eval: bool = False) -> Callable:
 
 # Seconds a code sample's grading may take beyond the sandbox's own cap: interpreter start-up, harness, clean-up.
 _GRADING_MARGIN_S = 15.0
-_DEFAULT_GRADING_TIMEOUT_S = 30.0
 
 
 def grading_timeout_s(config: Any) -> float:
     """Per-sample limit of grading in worker processes: above `reward_model.code_execution.total_timeout_s`, so the
-    sandbox's own cap (which reports a precise status) always fires first; 30 s without code execution settings."""
+    sandbox's own cap (which reports a precise status) always fires first; GRADING_TIMEOUT_S without code execution
+    settings."""
     total = _section(_section(config, "reward_model"), "code_execution").get("total_timeout_s")
-    return float(total) + _GRADING_MARGIN_S if total else _DEFAULT_GRADING_TIMEOUT_S
+    return float(total) + _GRADING_MARGIN_S if total else GRADING_TIMEOUT_S
 
 
 def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: bool = False, **kwargs: Any) -> Any:

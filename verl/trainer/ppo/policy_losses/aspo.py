@@ -11,6 +11,18 @@ from verl.trainer.ppo.policy_losses.entropy_split import entropy_groups
 from verl.utils.torch_functional import masked_mean
 
 
+def aspo_dual_clip(config: Any) -> tuple[float, float]:
+    """(c for A < 0, c for A > 0): `negative_clip_ratio_c` and `positive_clip_ratio_c`, each > 1 (the config check
+    calls this too, so the rule is written once)."""
+    clip_c = []
+    for sign in ("negative", "positive"):
+        value = _cfg_get(config, f"{sign}_clip_ratio_c")
+        if value <= 1.0:
+            raise ValueError(f"actor_rollout_ref.actor.{sign}_clip_ratio_c={value} must be > 1")
+        clip_c.append(value)
+    return clip_c[0], clip_c[1]
+
+
 @register_policy_loss("aspo")
 def compute_policy_loss_aspo(
     old_log_prob: torch.Tensor,
@@ -42,9 +54,9 @@ def compute_policy_loss_aspo(
 
     Loss values mix -A p, -A / p and -A c log_prob, so `actor/pg_loss` is not comparable with PPO's.
 
-    Config keys (actor config): negative_low_entropy_clip_ratio_low (0.2), negative_high_entropy_clip_ratio_low
-    (0.4), positive_low_entropy_clip_ratio_high (0.2), positive_high_entropy_clip_ratio_high (0.4),
-    negative_clip_ratio_c and positive_clip_ratio_c (3.0, > 1), token_entropy_quantile (0.8), loss_scale_factor.
+    Config keys (actor config; a missing key takes ppo_trainer.yaml's default): negative_low_entropy_clip_ratio_low,
+    negative_high_entropy_clip_ratio_low, positive_low_entropy_clip_ratio_high, positive_high_entropy_clip_ratio_high,
+    negative_clip_ratio_c and positive_clip_ratio_c (> 1), token_entropy_quantile, loss_scale_factor.
     The reference hard-coded these values and ignored loss_agg_mode; both are honoured here.
 
     Args:
@@ -56,12 +68,7 @@ def compute_policy_loss_aspo(
         `actor/{negative,positive}_pg_clipfrac_dual` (soft dual clip), `actor/ppo_kl`, `actor/high_entropy_token_frac`.
         No `actor/pg_clipfrac_lower`: that name means the dual-clip fraction (vanilla, archer, aepo), as in verl.
     """
-    clip_c = {}
-    for sign in ("negative", "positive"):
-        clip_c[sign] = _cfg_get(config, f"{sign}_clip_ratio_c")
-        if clip_c[sign] <= 1.0:
-            raise ValueError(f"actor_rollout_ref.actor.{sign}_clip_ratio_c={clip_c[sign]} must be > 1 for ASPO")
-    c_neg, c_pos = clip_c["negative"], clip_c["positive"]
+    c_neg, c_pos = aspo_dual_clip(config)
     high, _ = entropy_groups(entropy, response_mask, config, "aspo")
 
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)

@@ -1,0 +1,210 @@
+"""The typed tree of ppo_trainer.yaml: one class per section (verl's key names), each checking its own rules.
+
+Defaults live in the YAML only (`verl/utils/typed_config.py` reads them into the classes). The rules that span
+sections (batch sizes against ranks, token budgets against lengths, which group filters go together) are in
+`verl/trainer/ppo/config_rules.py`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from verl.trainer.config.algorithm import AlgoConfig
+from verl.utils.config import need
+from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
+from verl.utils.typed_config import Section, config_section
+from verl.workers.config.actor import ActorConfig, CriticConfig, ModelConfig, RefConfig
+from verl.workers.config.rollout import PPORolloutConfig
+
+DEVICES = ("auto", "cpu", "cuda")
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+
+def data_files(value: Any) -> list[str]:
+    """`data.train_files` / `val_files` as a list of paths (one path, a list, or None)."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+@config_section("data.custom_cls")
+class CustomClsConfig(Section):
+    path: str | None
+    name: str | None
+
+
+@config_section("data")
+class DataConfig(Section):
+    train_files: Any  # a path or a list of paths; null: the synthetic arithmetic task
+    val_files: Any
+    prompt_key: str
+    reward_fn_key: str
+    max_prompt_length: int
+    max_response_length: int
+    train_batch_size: int
+    gen_batch_size: int | None
+    val_batch_size: int | None
+    return_raw_input_ids: bool
+    return_raw_chat: bool
+    return_full_prompt: bool
+    filter_overlong_prompts: bool
+    filter_overlong_prompts_workers: int
+    truncation: str
+    shuffle: bool
+    seed: int
+    dataloader_num_workers: int
+    apply_chat_template_kwargs: dict[str, Any]
+    custom_cls: CustomClsConfig
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
+            need(getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be a positive integer", problems)
+        need(self.truncation in TRUNCATION_MODES, f"{p}.truncation={self.truncation!r} must be one of "
+             f"{', '.join(TRUNCATION_MODES)}", problems)
+        for key in ("gen_batch_size", "val_batch_size"):
+            value = getattr(self, key)
+            need(value is None or value >= 1, f"{p}.{key}={value} must be >= 1 (or null)", problems)
+        for key in ("train_files", "val_files"):
+            for path in data_files(getattr(self, key)):
+                need(os.path.exists(os.path.expanduser(path)), f"{p}.{key}: file not found: {path}", problems)
+
+
+@config_section("reward_model.code_execution")
+class CodeExecutionConfig(Section):
+    per_test_timeout_s: float
+    total_timeout_s: float
+    memory_mb: int
+    max_train_tests: int | None
+
+
+@config_section("reward_model.overlong_buffer")
+class OverlongBufferConfig(Section):
+    enable: bool
+    len: int
+    penalty_factor: float
+    log: bool
+
+
+@config_section("reward_model.sandbox_fusion")
+class SandboxFusionConfig(Section):
+    url: str | None
+
+
+@config_section("reward_model")
+class RewardModelConfig(Section):
+    enable: bool
+    reward_manager: str
+    code_execution: CodeExecutionConfig
+    overlong_buffer: OverlongBufferConfig
+    launch_reward_fn_async: bool
+    val_reward_manager: str | None
+    # RLPR's probability reward (reward_manager=prob); the official code's key names.
+    format_mode: str
+    compute_score_name: str
+    reward_manager_shaping_function_name: str
+    reward_manager_discrete_function_name: str
+    format_coefficient: float
+    repetition_penalty: bool
+    repetition_penalty_max_repetitions_limit: int
+    use_debiasing: bool
+    allow_empty_leading_whitespaces: bool
+    gt_tokens_one_more: bool
+    gt_tokens_one_more_adjusted: bool
+    compute_scoreA_online: bool
+    num_examine: int
+    reward_kwargs: dict[str, Any]
+    sandbox_fusion: SandboxFusionConfig
+
+    def check(self, problems: list[str]) -> None:
+        from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
+
+        p = self.__config_prefix__
+        need(not self.enable, f"{p}.enable=true (a model reward) is not available yet", problems)
+        for key in ("reward_manager", "val_reward_manager"):
+            name = getattr(self, key)
+            need(name is None or name in REWARD_MANAGER_REGISTRY, f"{p}.{key}={name!r} is not a registered reward "
+                 f"manager; known: {', '.join(sorted(REWARD_MANAGER_REGISTRY))}", problems)
+
+
+@config_section("custom_reward_function")
+class CustomRewardFunctionConfig(Section):
+    path: str | None
+    name: str
+    reward_kwargs: dict[str, Any]
+
+    def check(self, problems: list[str]) -> None:
+        need(self.path is None or os.path.isfile(os.path.expanduser(self.path)),
+             f"{self.__config_prefix__}.path={self.path}: file not found", problems)
+
+
+@config_section("trainer")
+class TrainerConfig(Section):
+    device: str
+    project_name: str
+    experiment_name: str
+    logger: Any  # a list of backends, or one name
+    log_val_generations: int
+    rollout_data_dir: str | None
+    validation_data_dir: str | None
+    nnodes: int
+    n_gpus_per_node: int
+    total_epochs: int
+    total_training_steps: int | None
+    save_freq: int
+    test_freq: int
+    val_before_train: bool
+    val_only: bool
+    critic_warmup: int
+    rejection_sample: bool
+    enable_overlong_filter: bool
+    balance_batch: bool
+    resume_mode: str
+    resume_from_path: str | None
+    default_local_dir: str
+    max_actor_ckpt_to_keep: int | None
+    cache_dir: str
+    seed: int
+    use_legacy_worker_impl: Any
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        for key in ("nnodes", "n_gpus_per_node"):
+            need(getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be a positive integer", problems)
+        need(self.device in DEVICES, f"{p}.device={self.device!r} must be one of {', '.join(DEVICES)}", problems)
+        need(self.resume_mode in RESUME_MODES, f"{p}.resume_mode={self.resume_mode!r} must be one of "
+             f"{', '.join(RESUME_MODES)}", problems)
+        if self.resume_mode == "resume_path":
+            path = self.resume_from_path
+            need(path is not None and os.path.isdir(os.path.expanduser(path)), f"{p}.resume_mode=resume_path needs "
+                 f"{p}.resume_from_path to be a global_step_N directory (got {path!r})", problems)
+
+
+@config_section("ray_kwargs")
+class RayKwargsConfig(Section):
+    ray_init: dict[str, Any]  # ray.init keywords (num_cpus, address, ...)
+    timeline_json_file: str | None
+
+
+@config_section("actor_rollout_ref")
+class ActorRolloutRefConfig(Section):
+    hybrid_engine: bool
+    model: ModelConfig
+    actor: ActorConfig
+    ref: RefConfig
+    rollout: PPORolloutConfig
+
+
+@config_section("")
+class PPOTrainerConfig(Section):
+    """The whole of ppo_trainer.yaml."""
+
+    data: DataConfig
+    actor_rollout_ref: ActorRolloutRefConfig
+    critic: CriticConfig
+    reward_model: RewardModelConfig
+    custom_reward_function: CustomRewardFunctionConfig
+    algorithm: AlgoConfig
+    trainer: TrainerConfig
+    ray_kwargs: RayKwargsConfig

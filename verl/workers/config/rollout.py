@@ -1,0 +1,177 @@
+"""The typed rollout section: the engine, sampling, agent-loop (ARPO/AEPO branching) and tool keys.
+
+`RolloutConfig` holds the keys of the shared group `verl/trainer/config/rollout/rollout.yaml` (training's
+`actor_rollout_ref.rollout` and generation's `rollout`); `PPORolloutConfig` adds what only training reads. The
+defaults are the YAML's (`verl/utils/typed_config.py`); each class checks its own rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl.utils.config import need
+from verl.utils.typed_config import Section, config_section
+
+ROLLOUT = "actor_rollout_ref.rollout"
+ENTROPY_MODES = ("topk", "exact")
+BRANCH_RULES = ("arpo", "aepo")
+ROLLOUT_MODES = ("sync", "sync_with_tool")
+
+
+@config_section(ROLLOUT)
+class BranchingConfig(Section):
+    """The ARPO / AEPO knobs (formulas in verl/workers/rollout/agent_loop.py). initial_rollouts None = rollout.n."""
+
+    initial_rollouts: int | None
+    beam_size: float  # branch attempts per trajectory and tool round, plus one; an integer (the reference writes 1.)
+    branch_probability: float
+    entropy_weight: float
+    branch_rule: str
+    branch_penalty: float
+    entropy_mode: str
+    entropy_window: int
+    entropy_top_k: int
+    enable_dynamic_rollouts: bool
+    initial_entropy_tokens: int
+    dynamic_rollout_beta: float
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        if isinstance(self.beam_size, float):
+            if not self.beam_size.is_integer():
+                problems.append(f"{p}.beam_size={self.beam_size} must be an integer")
+                return
+            self.beam_size = int(self.beam_size)
+        need(self.beam_size >= 1, f"{p}.beam_size={self.beam_size} must be >= 1", problems)
+        need(0 <= self.branch_probability <= 1, f"{p}.branch_probability={self.branch_probability} must be in [0, 1]",
+             problems)
+        need(self.branch_rule in BRANCH_RULES, f"{p}.branch_rule={self.branch_rule!r} must be one of {BRANCH_RULES}",
+             problems)
+        need(self.branch_penalty >= 0, f"{p}.branch_penalty={self.branch_penalty} must be >= 0", problems)
+        need(self.entropy_mode in ENTROPY_MODES,
+             f"{p}.entropy_mode={self.entropy_mode!r} must be one of {ENTROPY_MODES}", problems)
+        for key in ("entropy_window", "entropy_top_k", "initial_entropy_tokens"):
+            need(getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be >= 1", problems)
+        need(self.initial_rollouts is None or self.initial_rollouts >= 1,
+             f"{p}.initial_rollouts={self.initial_rollouts} must be >= 1", problems)
+
+    @classmethod
+    def from_rollout_config(cls, rollout: Any) -> BranchingConfig:
+        """The branching knobs of a rollout node (the agent loop's view of it)."""
+        return cls(**{key: rollout.get(key) for key in cls.__dataclass_fields__ if key in rollout})
+
+
+@config_section(f"{ROLLOUT}.tools")
+class ToolsConfig(Section):
+    """`rollout.tools`: a tool YAML (config_path, whose keys these inline keys override) and tool_instances."""
+
+    config_path: str | None
+    call_limit: int
+    max_workers: int
+    timeout: float
+    retry_count: int
+    verbose_logging: bool
+    fail_on_error: bool
+    tool_instances: dict[str, Any]
+
+    def check(self, problems: list[str]) -> None:
+        from verl.workers.tools.manager import load_tool_config
+
+        try:  # the tool settings' own rules, with the tool YAML of config_path read in
+            load_tool_config({key: getattr(self, key) for key in self.__dataclass_fields__})
+        except ValueError as err:
+            problems.append(str(err))
+
+
+@config_section(f"{ROLLOUT}.multi_turn")
+class MultiTurnConfig(Section):
+    enable: bool  # true = mode sync_with_tool
+
+
+@config_section(ROLLOUT)
+class RolloutConfig(BranchingConfig):
+    """The engine and sampling keys, with the branching knobs and the tools."""
+
+    name: str
+    mode: str
+    temperature: float
+    top_p: float
+    top_k: int
+    do_sample: bool
+    dtype: str
+    micro_batch_size: int | None
+    stop: list[str]
+    stop_token_ids: list[int]
+    gpu_memory_utilization: float
+    tensor_model_parallel_size: int
+    share_cpu_engine: bool | None
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int | None
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    enforce_eager: bool
+    free_cache_engine: bool
+    load_format: str
+    layered_summon: bool
+    disable_log_stats: bool
+    ignore_eos: bool
+    seed: int
+    engine_kwargs: dict[str, Any]
+    multi_turn: MultiTurnConfig
+    tools: ToolsConfig
+
+    def check(self, problems: list[str]) -> None:
+        from verl.workers.rollout.base import known_rollout_names
+
+        super().check(problems)
+        p = self.__config_prefix__
+        engines = known_rollout_names()
+        need(self.name in engines, f"{p}.name={self.name!r} must be one of {', '.join(engines)} (an engine of your "
+             "own is selectable once actor_rollout_ref.model.external_lib has imported its module)", problems)
+        need(self.mode in ROLLOUT_MODES, f"{p}.mode={self.mode!r} must be sync or sync_with_tool", problems)
+        need(self.temperature >= 0, f"{p}.temperature={self.temperature} must be >= 0 (0 means greedy)", problems)
+        need(0 < self.top_p <= 1, f"{p}.top_p={self.top_p} must be in (0, 1]", problems)
+        need(self.micro_batch_size is None or self.micro_batch_size >= 1,
+             f"{p}.micro_batch_size={self.micro_batch_size} must be >= 1 (or null)", problems)
+
+
+@config_section(f"{ROLLOUT}.val_kwargs")
+class ValKwargsConfig(Section):
+    """Sampling of validation generations."""
+
+    top_k: int
+    top_p: float
+    temperature: float
+    n: int
+    do_sample: bool
+
+    def check(self, problems: list[str]) -> None:
+        if self.n > 1 and not self.do_sample:
+            problems.append(f"{self.__config_prefix__}.n={self.n} needs val_kwargs.do_sample=true (greedy samples "
+                            "would all be equal)")
+
+
+@config_section(ROLLOUT)
+class PPORolloutConfig(RolloutConfig):
+    """`actor_rollout_ref.rollout` of training: the shared keys plus the group size, the length limits (from data.*)
+    and the batch sizes of the log-prob passes."""
+
+    n: int
+    prompt_length: int
+    response_length: int
+    log_prob_micro_batch_size: int | None
+    log_prob_micro_batch_size_per_gpu: int | None
+    log_prob_use_dynamic_bsz: bool
+    log_prob_max_token_len_per_gpu: int
+    val_kwargs: ValKwargsConfig
+
+    def check(self, problems: list[str]) -> None:
+        super().check(problems)
+        p = self.__config_prefix__
+        need(self.n >= 1, f"{p}.n={self.n} must be a positive integer", problems)
+        need(self.initial_rollouts is None or self.initial_rollouts <= self.n or self.beam_size == 1,
+             f"{p}.initial_rollouts={self.initial_rollouts} must be between 1 and rollout.n={self.n}", problems)
+        need(self.log_prob_micro_batch_size_per_gpu is None or self.log_prob_micro_batch_size_per_gpu >= 1,
+             f"{p}.log_prob_micro_batch_size_per_gpu={self.log_prob_micro_batch_size_per_gpu} must be >= 1 (or null)",
+             problems)
