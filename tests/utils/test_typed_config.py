@@ -68,3 +68,16 @@ def test_a_key_added_with_plus_is_kept_and_not_checked():
 def test_a_string_stands_for_a_one_item_list():
     cfg = load_config(overrides=["actor_rollout_ref.rollout.stop='</answer>'"])
     assert list(cfg.actor_rollout_ref.rollout.stop) == ["</answer>"]  # load_config checked and normalised it
+
+
+def test_an_empty_boolean_from_an_unset_shell_variable_reads_as_false(capsys):
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.multi_turn.enable=", "actor_rollout_ref.rollout.n=4"])
+    assert cfg.actor_rollout_ref.rollout.multi_turn.enable is False
+    out = capsys.readouterr().out
+    assert out.count("actor_rollout_ref.rollout.multi_turn.enable= is empty") == 1 and "read as false" in out
+
+
+def test_an_empty_value_for_another_type_names_the_key_and_the_unset_variable():
+    with pytest.raises(ConfigError, match="data.train_batch_size= is empty and must be an integer: is the shell "
+                                          "variable the launch script passes for it unset"):
+        load_config(overrides=["data.train_batch_size="])

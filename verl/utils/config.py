@@ -116,6 +116,21 @@ def option(config: Any, key: str, section: str) -> Any:
     return default_of(f"{section}.{key}") if value is None else value
 
 
+SHIPPED_CONFIGS = ("ppo_trainer", "generation", "sft_trainer", "evaluation")
+
+
+@functools.cache
+def register_shipped_configs() -> None:
+    """Make each shipped config available to any config folder's defaults list as `quiver_<name>` (Hydra's config
+    store), so that a seed project's `configs/ppo_trainer.yaml` can start from Quiver's `ppo_trainer.yaml` although
+    it has the same name: `defaults: [quiver_ppo_trainer, _self_]`."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for name in SHIPPED_CONFIGS:
+        store.store(name=f"quiver_{name}", node=OmegaConf.to_container(base_config(name), resolve=False))
+
+
 def compose_config(config_name: str = "ppo_trainer", overrides: list[str] | None = None,
                    config_dir: str = CONFIG_DIR) -> tuple[DictConfig, DictConfig]:
     """(the config without overrides, the config with them), composed by Hydra from `config_dir`; an override of a
@@ -125,10 +140,11 @@ def compose_config(config_name: str = "ppo_trainer", overrides: list[str] | None
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides or [])
+    register_shipped_configs()
     if not os.path.exists(os.path.join(config_dir, f"{config_name}.yaml")):
         raise ConfigError(f"no config named {config_name!r} in {config_dir} (--config-path / --config-name)")
     try:
-        with initialize_config_dir(config_dir=config_dir, version_base=None):
+        with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
             base = compose(config_name=config_name)
             overrides = [drop_plus_for_existing_key(base, o) for o in overrides]
             check_override_keys(base, overrides)

@@ -8,8 +8,11 @@ default from the YAML's value at `prefix.<field>`, so `ActorConfig()` is the shi
 Loading a run's config (`check_config_types`) assigns each composed value to `OmegaConf.structured(schema)`, so
 OmegaConf checks and converts the types (an int for a float, a string for an int fails), and collects every
 mistake with the key's name. Two things OmegaConf accepts that we do not: any truthy value for a bool (`3`,
-`"yes"`), checked here strictly, and null for a field not declared Optional is reported as a type error too. Keys a
-user added on purpose with `+` are not part of the schema and are passed over.
+`"yes"`), checked here strictly, and null for a field not declared Optional is reported as a type error too. Two
+forms of the seeds' and verl's launch scripts are read as they mean: a string for a one-item list
+(`trainer.logger=console`), and an empty value (`key=` from an unset shell variable), false for a bool (with a
+warning line) and an error naming the key for other types. Keys a user added on purpose with `+` are not part of
+the schema and are passed over.
 
 `build_section(cls, typed, problems)` then builds the section objects children first, which runs the
 `__post_init__` rules of every section, and collects what they raise into one list, so one run reports every
@@ -170,6 +173,14 @@ def _assign(typed: DictConfig, cfg: DictConfig, prefix: str) -> list[str]:
                 typed[key] = None
             else:
                 problems.append(f"{path}=null must be {_type_name(tp)} (it has no null setting)")
+            continue
+        if raw == "" and tp is not str and tp is not Any:  # `key=` from a shell variable the script never set
+            if tp is bool:
+                print(f"[config] {path}= is empty (an unset shell variable in the launch script?): read as false")
+                typed[key] = cfg[key] = False
+            else:
+                problems.append(f"{path}= is empty and must be {_type_name(tp)}: is the shell variable the launch "
+                                "script passes for it unset?")
             continue
         if (typing.get_origin(tp) or tp) is list and isinstance(raw, str):
             raw = [raw]  # verl scripts write key=item for a one-item list: the run's config gets the list too

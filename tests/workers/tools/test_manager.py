@@ -324,3 +324,24 @@ def test_close_closes_the_tools():
 def test_two_tools_with_one_tag_are_an_error():
     with pytest.raises(ValueError, match="share a trigger tag"):
         ToolManager([Scripted(), Scripted()])
+
+
+@pytest.mark.parametrize("package", ["rollout", "agent"])
+def test_the_seeds_class_paths_load_our_tools(package):
+    from verl.workers.tools.manager import import_tool_class
+
+    assert import_tool_class(f"verl.workers.{package}.tools.python_tool.PythonTool") is PythonTool
+    assert import_tool_class(f"verl.workers.{package}.tools.search_tool.BingSearchTool") is BingSearchTool
+
+
+def test_a_tool_file_wins_over_inline_keys_nobody_set(tmp_path):
+    from verl.workers.tools.manager import load_tool_config
+
+    path = tmp_path / "tools.yaml"
+    path.write_text("call_limit: 3\nretry_count: 4\ntool_instances:\n  python:\n    class_path: a.B\n")
+    # What the composed config holds when only config_path was given: the shipped defaults (call_limit 5, ...).
+    inline = {"config_path": str(path), "call_limit": 5, "max_workers": 64, "timeout": 120, "retry_count": 3,
+              "verbose_logging": False, "fail_on_error": False, "tool_instances": {}}
+    settings = load_tool_config(inline)
+    assert (settings["call_limit"], settings["retry_count"]) == (3, 4) and list(settings["tool_instances"]) == ["python"]
+    assert load_tool_config({**inline, "call_limit": 7})["call_limit"] == 7  # an inline value someone set wins

@@ -263,3 +263,15 @@ def test_cache_under_concurrent_writers_from_several_processes_loses_no_entry(tm
     assert len(entries) == 100 and reads > 0
     assert entries == {f"query {w}-{q}": f"result {w}-{q} " + "é" * 50 for w in range(4) for q in range(25)}
     assert sorted(os.listdir(os.path.dirname(path))) == ["search_cache.json", "search_cache.json.lock"]
+
+
+def test_without_credentials_a_cache_file_serves_as_an_offline_search(serp, tmp_path, monkeypatch):
+    for name in (*API_KEY_ENV, *ZONE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    cache = tmp_path / "search_cache.json"
+    cache.write_text(json.dumps({"capital of Veltria": "Page 1: Ostmar"}))
+    tool = SearchTool(backend="http", endpoint=serp, cache_file=str(cache))
+    assert tool.execute("capital of Veltria") == "Page 1: Ostmar"
+    with pytest.raises(ToolError, match="'largest lake' is not in the search cache, and .*api_key and zone not set"):
+        tool.execute("largest lake")
+    assert StubSERP.requests == []  # nothing was sent

@@ -13,7 +13,8 @@ The settings follow the tool YAML of ARPO's released code::
       search: {class_path: verl.workers.tools.search_tool.SearchTool, params: {corpus_path: corpus.jsonl}}
 
 given inline (a mapping or DictConfig), as the path of a YAML file with these keys, or inline with `config_path`
-naming such a file; inline keys win over the file's, except inline nulls. The reference's class paths
+naming such a file; inline keys win over the file's, except inline nulls and inline values equal to the shipped
+default (what the config holds for a key nobody set). The reference's class paths
 (`verl.workers.rollout.tools.python_tool.PythonTool`, `verl.workers.rollout.tools.search_tool.BingSearchTool`) load
 our classes, so its YAML files work unchanged.
 
@@ -53,8 +54,9 @@ def default_settings() -> dict[str, Any]:
 
 # The reference's class paths -> ours, so that its tool YAML files load unchanged.
 CLASS_ALIASES = {
-    "verl.workers.rollout.tools.python_tool.PythonTool": "verl.workers.tools.python_tool.PythonTool",
-    "verl.workers.rollout.tools.search_tool.BingSearchTool": "verl.workers.tools.search_tool.BingSearchTool",
+    f"verl.workers.{package}.tools.{module}.{name}": f"verl.workers.tools.{module}.{name}"
+    for package in ("rollout", "agent")  # ARPO's configs use the first, its launch scripts the second
+    for module, name in (("python_tool", "PythonTool"), ("search_tool", "BingSearchTool"))
 }
 # How long a round with nothing running waits before it checks again whether hung calls hold every worker.
 _IDLE_CHECK_S = 1.0
@@ -95,9 +97,12 @@ def load_tool_config(config: Any) -> dict[str, Any]:
     config = _plain(config)
     if config is not None and not isinstance(config, Mapping):
         raise ValueError(f"{PREFIX} must be a mapping of tool settings or a YAML path, got {type(config).__name__}")
-    inline = {k: v for k, v in (config or {}).items() if v is not None}  # null = not set (Hydra's defaults)
+    inline = {k: v for k, v in (config or {}).items() if v is not None}  # null = not set
     path = inline.pop("config_path", None)
     if path:
+        # A value equal to the shipped default is what the config holds when nobody set the key: the file's wins.
+        defaults = default_settings()
+        inline = {k: v for k, v in inline.items() if k not in defaults or v != defaults[k]}
         inline = _plain(OmegaConf.merge(_read_yaml(str(path)), inline))
     for key in inline:
         if key not in SETTINGS:
