@@ -262,3 +262,11 @@ def test_remove_padding_chunking_and_checkpointing_give_the_padded_update(monkey
         torch.testing.assert_close(p_packed, p_ref, atol=1e-5, rtol=1e-4, msg=name)
     assert metrics["actor/grad_norm"] == pytest.approx(ref_metrics["actor/grad_norm"], rel=1e-4)
     assert metrics["actor/entropy_loss"] == pytest.approx(ref_metrics["actor/entropy_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("grad_clip, expected", [(None, 1.0), (0.25, 0.25)])
+def test_verls_actor_grad_clip_wins_over_optim_clip_grad(grad_clip, expected):
+    config = _config()
+    config.optim.clip_grad = 1.0
+    config.grad_clip = grad_clip
+    assert DataParallelPPOActor(config, _model()).max_grad_norm == expected

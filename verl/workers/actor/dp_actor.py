@@ -95,6 +95,10 @@ class DataParallelPPOActor:
         # Log-prob and entropy temporaries for LOGITS_CHUNK positions at a time, and recomputed in the backward.
         self.logits_chunk_size = LOGITS_CHUNK if option(config, "entropy_from_logits_with_chunking", ACTOR) else None
         self.entropy_checkpointing = bool(option(config, "entropy_checkpointing", ACTOR))
+        # verl's actor.grad_clip wins over optim.clip_grad when set.
+        grad_clip = option(config, "grad_clip", ACTOR)
+        self.max_grad_norm = grad_clip if grad_clip is not None else option(config.get("optim"), "clip_grad",
+                                                                              f"{ACTOR}.optim")
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         hf_model = actor_module.get_base_model() if hasattr(actor_module, "get_base_model") else actor_module
@@ -301,6 +305,6 @@ class DataParallelPPOActor:
                     for name, value in pg_metrics.items():
                         metrics[name].append(float(value))
                 metrics["actor/grad_norm"].append(
-                    clip_grad_and_step(self.actor_module, self.actor_optimizer, self.config.optim.clip_grad))
+                    clip_grad_and_step(self.actor_module, self.actor_optimizer, self.max_grad_norm))
         return dict(metrics)
 

@@ -122,6 +122,7 @@ class ActorConfig(Section):
     clip_ratio_low: float | None
     clip_ratio_high: float | None
     clip_ratio_c: float
+    grad_clip: float | None  # null: optim.clip_grad
     loss_agg_mode: str
     loss_scale_factor: float | None
     entropy_coeff: float

@@ -1,0 +1,79 @@
+"""verl's example scripts run unchanged but for paths, sizes and hardware: two GRPO examples (one with LoRA) and the
+DAPO recipe through its own entry point, 2 steps each on the tiny model and 2 CPU ranks. Keys with no meaning here
+are announced, one line each."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from e2e_utils import DIGIT_REWARD
+from seed_commands import command
+from verl_examples import DAPO_QWEN2_5_32B, GRPO_QWEN2_5_3B_LORA, GRPO_QWEN2_7B
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def small_data(arithmetic_data_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("verl_examples")
+    train = pd.read_parquet(f"{arithmetic_data_dir}/train.parquet")
+    train.head(8).to_parquet(root / "train.parquet")
+    train.head(24).to_parquet(root / "train24.parquet")  # DAPO may generate several batches per step
+    pd.read_parquet(f"{arithmetic_data_dir}/test.parquet").head(4).to_parquet(root / "test.parquet")
+    return root
+
+
+@pytest.fixture()
+def offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+
+
+def changes(data, out, model_dir, **more):
+    """What a user changes: paths, sizes (2 steps of 4 prompts) and hardware (2 CPU ranks, the HF engine)."""
+    return {"TRAIN_FILE": data / "train.parquet", "TEST_FILE": data / "test.parquet", "MODEL_PATH": model_dir,
+            "CKPTS_DIR": out, "TRAIN_BATCH_SIZE": 4, "GEN_BATCH_SIZE": 4, "MINI_BATCH_SIZE": 4,
+            "MICRO_BATCH_SIZE": 4, "MAX_PROMPT_LENGTH": 64, "MAX_RESPONSE_LENGTH": 16, "MAX_TOKENS": 80,
+            "OVERLONG_BUFFER_LEN": 4, "N": 4, "TP": 2, "ROLLOUT_NAME": "hf", "N_GPUS": 2, "TOTAL_EPOCHS": 1,
+            "LORA_RANK": 8, **more}
+
+
+def steps(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if "training/global_step" in json.loads(line)]
+
+
+def train(entry, argv, out):
+    assert entry(argv) == 0
+    history = steps(out)
+    assert [m["training/global_step"] for m in history] == [1, 2]
+    assert all(math.isfinite(m["actor/pg_loss"]) for m in history)
+    return history
+
+
+@pytest.mark.parametrize("example", ["grpo_qwen2_7b", "grpo_qwen2_5_3b_lora"])
+def test_verl_grpo_examples(example, ray_session, tiny_model_dir, small_data, tmp_path, offline, capsys):
+    from verl.trainer.main_ppo import main
+
+    template = {"grpo_qwen2_7b": GRPO_QWEN2_7B, "grpo_qwen2_5_3b_lora": GRPO_QWEN2_5_3B_LORA}[example]
+    out = tmp_path / example
+    train(main, command(template, changes(small_data, out, tiny_model_dir)), out)
+    printed = capsys.readouterr().out
+    if example == "grpo_qwen2_5_3b_lora":
+        assert printed.count("actor_rollout_ref.rollout.layered_summon=true is accepted for verl scripts") == 1
+
+
+def test_verl_dapo_recipe(ray_session, tiny_model_dir, small_data, tmp_path, offline, capsys):
+    from recipe.dapo.main_dapo import main
+
+    out = tmp_path / "dapo"
+    argv = command(DAPO_QWEN2_5_32B, changes(small_data, out, tiny_model_dir, TRAIN_FILE=small_data / "train24.parquet"))
+    # The user's own reward, and a step budget in place of the recipe's one epoch of 17k prompts.
+    history = train(main, [*argv, f"custom_reward_function.path={DIGIT_REWARD}", "trainer.total_training_steps=2"], out)
+    assert all("batch/kept_groups" in m for m in history)
+    printed = capsys.readouterr().out
+    for key in ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=8",
+                "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+                "actor_rollout_ref.ref.ulysses_sequence_parallel_size=8"):
+        assert printed.count(f"[config] {key} is accepted for verl scripts") == 1
