@@ -43,6 +43,7 @@ from verl.trainer.config.generation import GenerationConfig
 from verl.trainer.ppo.eval_metrics import ALL_SOURCES, compute_eval_metrics, format_metrics_table
 from verl.utils.config import ConfigError, resolve_device
 from verl.utils.dataset.rl_dataset import read_rows
+from verl.utils.hub import local_model_path
 from verl.utils.import_utils import ExternalLibError, import_external_libs
 from verl.utils.typed_config import build_section, check_config_types
 
@@ -149,6 +150,7 @@ def run_generation(config: DictConfig) -> dict[str, dict[str, float]]:
         import_external_libs(config.model.external_lib, key="model.external_lib")
     except ExternalLibError as err:
         raise ConfigError(str(err)) from err
+    config.model.path = local_model_path(config.model.path, "model.path")
     n_samples = check_generation_config(config)
     if config.data.n_samples is None and n_samples > 1:
         print(f"[quiver] data.n_samples=null: sampling N={n_samples} per prompt (AvgN in {config.data.path})")

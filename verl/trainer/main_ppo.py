@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.trainer.config import run_cli
 from verl.trainer.ppo.config_rules import announce_inert_keys, validate_ppo_config
 from verl.utils.config import ConfigError, resolve_device
+from verl.utils.hub import local_model_path
 from verl.utils.import_utils import ExternalLibError, import_external_libs
 
 
@@ -41,6 +42,13 @@ def prepare_defaults(config: DictConfig) -> None:
             config.data.train_files = train
             if config.data.val_files is None:
                 config.data.val_files = test
+
+
+def resolve_model_paths(config: DictConfig) -> None:
+    """Hub ids (owner/name) in the model paths become their local snapshots in the Hugging Face cache (in place)."""
+    model = config.actor_rollout_ref.model
+    model.path = local_model_path(model.path, "actor_rollout_ref.model.path")
+    model.tokenizer_path = local_model_path(model.tokenizer_path, "actor_rollout_ref.model.tokenizer_path")
 
 
 def init_ray(config: DictConfig, device: str) -> None:
@@ -86,6 +94,7 @@ def run_ppo(config: DictConfig):
         import_external_libs(config.actor_rollout_ref.model.external_lib)
     except ExternalLibError as err:
         raise ConfigError(str(err)) from err
+    resolve_model_paths(config)
     validate_ppo_config(config)
     announce_inert_keys(config)
     prepare_defaults(config)

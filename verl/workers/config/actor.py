@@ -45,7 +45,7 @@ class ModelConfig(Section):
             need(self.lora_alpha > 0, f"{p}.lora_alpha={self.lora_alpha} must be > 0", problems)
         if self.path is not None:
             need(os.path.isdir(os.path.expanduser(self.path)), f"{p}.path: not a local model directory: {self.path} "
-                 "(models are never downloaded at run time)", problems)
+                 "(a Hugging Face Hub id, owner/name, is fetched into the Hugging Face cache first)", problems)
 
 
 @config_section(f"{ACTOR}.optim")
