@@ -94,3 +94,23 @@ def test_sigkill_during_save_then_auto_resume(tmp_path):
     assert steps == ["step:3", "step:4"]
     assert (ckpt / LATEST_FILE).read_text() == "4"
     assert not [name for name in os.listdir(ckpt) if name.startswith(".tmp")]
+
+
+def test_save_contents_hf_model_writes_the_trained_model_loadable_by_transformers(ray_session, tiny_model_dir,
+                                                                                  arithmetic_data_dir, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl.model_merger.fsdp_model_merger import merged_state
+
+    _train(tiny_overrides(tiny_model_dir, arithmetic_data_dir, "trainer.total_training_steps=1", "trainer.save_freq=1",
+                          "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                          "trainer.test_freq=-1", f"trainer.default_local_dir={tmp_path}",
+                          "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"),
+           tiny_model_dir)
+    actor = tmp_path / "global_step_1" / "actor"
+    loaded = AutoModelForCausalLM.from_pretrained(actor / "huggingface").state_dict()
+    trained, _ = merged_state(str(actor))
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert all(torch.equal(loaded[name], trained[name]) for name in trained)
+    assert any(not torch.equal(loaded[name], before[name]) for name in trained)  # the trained weights, not the start

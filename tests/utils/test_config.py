@@ -180,14 +180,14 @@ def test_verl_keys_that_do_nothing_are_announced_once_each(capsys):
 
     assert announce_inert_keys(load_config()) == []  # the defaults say nothing
     cfg = load_config(overrides=["actor_rollout_ref.model.use_liger=true", "critic.ppo_mini_batch_size=4",
-                                 "actor_rollout_ref.actor.checkpoint.save_contents=[model]"])
+                                 "actor_rollout_ref.actor.checkpoint.load_contents=[model]"])
     keys = announce_inert_keys(cfg)
-    assert keys == ["actor_rollout_ref.model.use_liger", "actor_rollout_ref.actor.checkpoint.save_contents",
+    assert keys == ["actor_rollout_ref.model.use_liger", "actor_rollout_ref.actor.checkpoint.load_contents",
                     "critic.ppo_mini_batch_size"]
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == ("[config] actor_rollout_ref.model.use_liger=true is accepted for verl scripts but does "
                         "nothing in Quiver: " + INERT_KEYS["actor_rollout_ref.model.use_liger"])
-    assert len(lines) == 3 and 'save_contents=["model"]' in lines[1]
+    assert len(lines) == 3 and 'load_contents=["model"]' in lines[1]
 
 
 def test_every_inert_key_exists_in_the_config():
@@ -216,3 +216,9 @@ def test_default_of_reads_the_yaml_and_names_an_unknown_key():
     assert option({"clip_ratio": 0.3}, "clip_ratio", "actor_rollout_ref.actor") == 0.3
     with pytest.raises(KeyError, match="'actor_rollout_ref.actor.nope' is not a key of ppo_trainer.yaml"):
         default_of("actor_rollout_ref.actor.nope")
+
+
+def test_save_contents_names_are_checked():
+    cfg = load_config(overrides=["actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model,weights]"])
+    with pytest.raises(ConfigError, match=r"save_contents: \['weights'\] are not among model, optimizer, extra"):
+        validate_ppo_config(cfg)

@@ -196,6 +196,8 @@ def merge_checkpoint(local_dir: str, target_dir: str, dtype: str | None = None, 
     model = merged_model(local_dir, dtype, state)
     model.save_pretrained(target_dir, safe_serialization=True)
     hf_dir = os.path.join(local_dir, "huggingface")
+    if os.path.abspath(target_dir) == os.path.abspath(hf_dir):
+        return target_dir  # merged in place (save_contents hf_model): the tokenizer files are there already
     for name in sorted(os.listdir(hf_dir)):
         # config.json was just written with the merged dtype; weights saved with the config are not the trained ones
         if name != "config.json" and not name.endswith(WEIGHT_SUFFIXES) and os.path.isfile(os.path.join(hf_dir, name)):

@@ -378,6 +378,12 @@ class ActorRolloutRefWorker(Worker):
         if self._lora and self.rank == 0:  # what the merger needs to fold (or export) the adapter
             module.peft_config["default"].save_pretrained(os.path.join(local_path, "lora_adapter"))
         torch.distributed.barrier()
+        if "hf_model" in (self.config.actor.checkpoint.get("save_contents") or []):
+            if self.rank == 0:  # verl's save_contents hf_model: the full model, loadable by from_pretrained
+                from verl.model_merger.fsdp_model_merger import merge_checkpoint
+
+                merge_checkpoint(local_path, os.path.join(local_path, "huggingface"))
+            torch.distributed.barrier()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):

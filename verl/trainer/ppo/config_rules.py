@@ -157,7 +157,6 @@ INERT_KEYS: dict[str, str] = {
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "the model is loaded in float32 (bf16 compute on CUDA comes "
                                                        "from fsdp_config.dtype)",
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params": "each decoder layer is one FSDP2 unit",
-    "actor_rollout_ref.actor.checkpoint.save_contents": "checkpoints always hold model, optimizer and extra state",
     "actor_rollout_ref.actor.checkpoint.load_contents": "a resume always loads model, optimizer and extra state",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "no sequence parallelism: each rank holds whole "
                                                             "sequences",

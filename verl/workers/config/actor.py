@@ -93,8 +93,13 @@ class FSDPConfig(Section):
 
 @config_section(f"{ACTOR}.checkpoint")
 class CheckpointConfig(Section):
-    save_contents: list[str]
+    save_contents: list[str]  # model, optimizer and extra are always saved; hf_model adds the merged HF model
     load_contents: list[str]
+
+    def check(self, problems: list[str]) -> None:
+        unknown = sorted(set(self.save_contents) - {"model", "optimizer", "extra", "hf_model"})
+        need(not unknown, f"{self.__config_prefix__}.save_contents: {unknown} are not among model, optimizer, "
+             "extra, hf_model", problems)
 
 
 @config_section(f"{ACTOR}.policy_loss")
