@@ -18,7 +18,7 @@ setup(
     long_description=(here / "README.md").read_text(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["verl", "verl.*", "recipe", "recipe.*"]),
+    packages=find_packages(include=["verl", "verl.*", "recipe", "recipe.*", "dapo"]),
     package_data={"verl": ["trainer/config/*.yaml", "trainer/config/*/*.yaml"]},
     install_requires=install_requires,
     extras_require={

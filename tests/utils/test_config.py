@@ -222,3 +222,13 @@ def test_save_contents_names_are_checked():
     cfg = load_config(overrides=["actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model,weights]"])
     with pytest.raises(ConfigError, match=r"save_contents: \['weights'\] are not among model, optimizer, extra"):
         validate_ppo_config(cfg)
+
+
+@pytest.mark.parametrize("module", ["dapo.main_dapo", "recipe.dapo.main_dapo"])
+def test_the_seeds_dapo_entry_points_are_main_ppo(module, capsys):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", module, "trainer.total_epoch=3"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2 and "unknown config key 'trainer.total_epoch'" in result.stderr
