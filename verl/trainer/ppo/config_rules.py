@@ -171,7 +171,6 @@ INERT_KEYS: dict[str, str] = {
     "critic.optim.lr": "no critic yet",
     "critic.model.path": "no critic yet",
     "reward_model.launch_reward_fn_async": "rewards are computed on the driver right after generation",
-    "reward_model.sandbox_fusion.url": "code rewards run in Quiver's local sandbox (verl/utils/sandbox.py)",
     "trainer.use_legacy_worker_impl": "there is one worker implementation",
     "ray_kwargs.timeline_json_file": "no Ray timeline is written",
 }

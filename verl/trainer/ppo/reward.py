@@ -49,10 +49,13 @@ def get_custom_reward_fn(config: Any) -> Callable | None:
 
 def default_score_fn(config: Any, is_eval: bool = False) -> Callable:
     """`default_compute_score` with the code-execution limits of `reward_model.code_execution` bound; test
-    subsampling (`max_train_tests`) only when not `is_eval`."""
+    subsampling (`max_train_tests`) only when not `is_eval`; `reward_model.sandbox_fusion.url` when set."""
     section = dict(_section(_section(config, "reward_model"), "code_execution"))
     limits = {key: section[key] for key in ("per_test_timeout_s", "total_timeout_s", "memory_mb") if key in section}
     limits["max_tests"] = None if is_eval else section.get("max_train_tests")
+    url = _section(_section(config, "reward_model"), "sandbox_fusion").get("url")
+    if url:  # code rewards run on that SandboxFusion server instead of the local sandbox
+        limits["sandbox_fusion_url"] = url
     return functools.partial(default_compute_score, **limits)
 
 

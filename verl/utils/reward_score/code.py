@@ -39,6 +39,7 @@ from decimal import Decimal
 from typing import Any
 
 from verl.utils.sandbox import SandboxLimits, run_python
+from verl.utils.sandbox_fusion import run_python_remote
 
 logger = logging.getLogger(__name__)
 
@@ -390,6 +391,7 @@ def compute_score(
     total_timeout_s: float = 60.0,
     memory_mb: int = 1024,
     max_tests: int | None = None,
+    sandbox_fusion_url: str | None = None,
 ) -> dict[str, Any]:
     """Grade one response: 1.0 iff its last python block passes every test.
 
@@ -406,6 +408,9 @@ def compute_score(
     `max_tests`: grade only that many tests, drawn at random with the hash of the code as the seed (the same code is
     graded on the same tests). For training only: validation and offline evaluation must grade every test, which
     the trainer ensures by not passing it there.
+
+    `sandbox_fusion_url` (`reward_model.sandbox_fusion.url`): run the same harness on a SandboxFusion server instead of
+    the local sandbox (verl/utils/sandbox_fusion.py).
     """
     if per_test_timeout_s <= 0 or total_timeout_s <= 0:
         raise ValueError(f"per_test_timeout_s={per_test_timeout_s} and total_timeout_s={total_timeout_s} must be > 0")
@@ -432,7 +437,11 @@ def compute_score(
         max_output_bytes=_REPORT_CAP_BYTES + (1 << 20),
         tmpfs_mb=64 + len(tests_json.encode()) // (1 << 20),  # tests.json + 64 MB for outputs and the solution's files
     )
-    run = run_python(_HARNESS, limits=limits, files={"solution.py": code, "tests.json": tests_json})
+    files = {"solution.py": code, "tests.json": tests_json}
+    if sandbox_fusion_url:
+        run = run_python_remote(sandbox_fusion_url, _HARNESS, limits, files)
+    else:
+        run = run_python(_HARNESS, limits=limits, files=files)
     records = _parse_report(run.stdout)
     if records is None:
         if run.status == "sandbox_error":

@@ -1,0 +1,97 @@
+"""`reward_model.sandbox_fusion.url`: the code reward's harness runs on a SandboxFusion server. The server here is a
+local stub on 127.0.0.1 that speaks the run_code protocol and runs what it gets in Quiver's own sandbox."""
+
+import base64
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from verl.trainer.ppo.reward import default_score_fn
+from verl.utils.reward_score import code
+from verl.utils.sandbox import SandboxLimits, run_python
+from verl.utils.sandbox_fusion import run_code_url, run_python_remote
+
+ADD = json.dumps({"inputs": ["1 2\n", "10 -4\n"], "outputs": ["3\n", "6\n"]})
+RIGHT = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+WRONG = "```python\na, b = map(int, input().split())\nprint(a - b)\n```"
+
+
+class StubSandboxFusion(BaseHTTPRequestHandler):
+    requests: list[dict] = []
+    mode = "run"  # run | http_500 | sandbox_error | time_limit
+
+    def do_POST(self):
+        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        StubSandboxFusion.requests.append({"path": self.path, **payload})
+        if self.mode == "http_500":
+            self.send_response(500)
+            self.end_headers()
+            return
+        if self.mode == "sandbox_error":
+            answer = {"status": "SandboxError", "message": "no worker"}
+        elif self.mode == "time_limit":
+            answer = {"status": "Failed", "run_result": {"status": "TimeLimitExceeded", "return_code": None,
+                                                           "stdout": "", "stderr": "", "execution_time": 1.0}}
+        else:
+            files = {name: base64.b64decode(text).decode() for name, text in payload["files"].items()}
+            run = run_python(payload["code"], files=files,
+                             limits=SandboxLimits(wall_time_s=payload["run_timeout"], memory_mb=payload["memory_limit_MB"]))
+            answer = {"status": "Success" if run.ok else "Failed",
+                      "run_result": {"status": "TimeLimitExceeded" if run.status == "timeout" else "Finished",
+                                     "return_code": run.returncode, "stdout": run.stdout, "stderr": run.stderr,
+                                     "execution_time": run.wall_time_s}}
+        body = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def server(monkeypatch):
+    StubSandboxFusion.requests, StubSandboxFusion.mode = [], "run"
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), StubSandboxFusion)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    # Every run must go to the server: the local sandbox is not used by the reward itself.
+    monkeypatch.setattr(code, "run_python", lambda *a, **k: pytest.fail("the local sandbox ran"))
+    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_the_code_reward_grades_through_the_server(server):
+    assert code.compute_score(RIGHT, ADD, sandbox_fusion_url=server)["score"] == 1.0
+    wrong = code.compute_score(WRONG, ADD, sandbox_fusion_url=server)
+    assert wrong["score"] == 0.0 and wrong["reward_status"] == "wrong_answer"
+    request = StubSandboxFusion.requests[0]
+    assert request["path"] == "/run_code" and request["language"] == "python"
+    assert set(request["files"]) == {"solution.py", "tests.json"}
+
+
+def test_the_trainer_binds_the_url_from_the_config(server):
+    score = default_score_fn({"reward_model": {"sandbox_fusion": {"url": server}}})
+    assert score("code", RIGHT, ADD)["score"] == 1.0 and len(StubSandboxFusion.requests) == 1
+
+
+@pytest.mark.parametrize("mode, status", [("http_500", "sandbox_error"), ("sandbox_error", "sandbox_error"),
+                                          ("time_limit", "timeout")])
+def test_server_failures_become_statuses_not_exceptions(server, mode, status):
+    StubSandboxFusion.mode = mode
+    assert run_python_remote(server, "print(1)", SandboxLimits(wall_time_s=5)).status == status
+
+
+def test_an_unreachable_server_is_a_sandbox_error():
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = run_python_remote(f"http://127.0.0.1:{port}", "print(1)", SandboxLimits(wall_time_s=2))
+    assert result.status == "sandbox_error" and "failed" in result.stderr
+    assert run_code_url("http://h:8080/") == "http://h:8080/run_code" == run_code_url("http://h:8080/run_code")
