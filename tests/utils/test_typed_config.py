@@ -81,3 +81,10 @@ def test_an_empty_value_for_another_type_names_the_key_and_the_unset_variable():
     with pytest.raises(ConfigError, match="data.train_batch_size= is empty and must be an integer: is the shell "
                                           "variable the launch script passes for it unset"):
         load_config(overrides=["data.train_batch_size="])
+
+
+def test_a_key_added_with_plus_is_announced(capsys):
+    load_config(overrides=["+global_profiler.tool=nsys", "+actor_rollout_ref.actor.megatron.tensor_parallel=2"])
+    out = capsys.readouterr().out
+    for key in ("global_profiler", "actor_rollout_ref.actor.megatron"):
+        assert out.count(f"[config] {key} is not one of Quiver's keys") == 1

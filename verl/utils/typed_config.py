@@ -153,8 +153,10 @@ def _assign(typed: DictConfig, cfg: DictConfig, prefix: str) -> list[str]:
     problems: list[str] = []
     hints = typing.get_type_hints(OmegaConf.get_type(typed))
     for key in cfg.keys():
-        if key not in hints:
-            continue  # added with +key=value on purpose (unknown keys without + were refused before)
+        if key not in hints:  # added with +key=value on purpose (unknown keys without + were refused before)
+            print(f"[config] {prefix}{key} is not one of Quiver's keys: it stays in the config for code of your own "
+                  "(a plug-in may read it) and Quiver itself ignores it")
+            continue
         path = f"{prefix}{key}"
         node = cfg._get_node(key)
         tp, nullable = _plain_type(hints[key])

@@ -43,16 +43,14 @@ def load_config(config_name: str = "ppo_trainer", overrides: list[str] | None = 
     each key at fault). The returned tree is plain (a `+key=value` addition stays); the sections' rules run in each
     entry's check (`validate_ppo_config`, `check_generation_config`, `validate_sft_config`, `check_eval_config`).
 
-    The typed tree is chosen by the config's name, or by the YAML's own top-level keys (`schema_of`); a top-level
-    key of the YAML that the tree does not have is announced, not silently kept."""
+    The typed tree is chosen by the config's name, or by the YAML's own top-level keys (`schema_of`); a key the tree
+    does not have (a YAML's own or a `+key` override) is announced, not silently kept."""
     base, cfg = compose_config(config_name, overrides, config_dir)
     schema = schema_of(base, config_name)
     if schema is None:
         raise ConfigError(f"config {config_name!r} ({config_dir}) has the top-level keys {', '.join(base.keys())}, "
                           f"which are not those of one of the shipped configs ({', '.join(SCHEMAS)}); start from "
                           f"one of those YAML files in {CONFIG_DIR}")
-    for key in sorted(set(base.keys()) - set(schema.__dataclass_fields__)):
-        print(f"[config] {key} (top level of {config_name}.yaml) is not a key Quiver reads; it is ignored")
     check_config_types(schema, cfg)
     return cfg
 
