@@ -74,6 +74,6 @@ def test_verl_dapo_recipe(ray_session, tiny_model_dir, small_data, tmp_path, off
     assert all("batch/kept_groups" in m for m in history)
     printed = capsys.readouterr().out
     for key in ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=8",
-                "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
                 "actor_rollout_ref.ref.ulysses_sequence_parallel_size=8"):
         assert printed.count(f"[config] {key} is accepted for verl scripts") == 1
+    assert "optimizer_offload" not in printed  # honoured (on CUDA; on CPU the state is in host memory anyway)

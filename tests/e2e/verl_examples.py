@@ -2,11 +2,8 @@
 examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh, recipe/dapo/run_dapo_qwen2.5_32b.sh), as a user runs
 them. `{NAME}` marks what a user changes: paths, sizes and hardware."""
 
-GRPO_QWEN2_7B = [
-    "algorithm.adv_estimator=grpo", "data.train_files={TRAIN_FILE}", "data.val_files={TEST_FILE}",
-    "data.train_batch_size={TRAIN_BATCH_SIZE}", "data.max_prompt_length={MAX_PROMPT_LENGTH}",
-    "data.max_response_length={MAX_RESPONSE_LENGTH}", "data.filter_overlong_prompts=True", "data.truncation='error'",
-    "actor_rollout_ref.model.path={MODEL_PATH}", "actor_rollout_ref.actor.optim.lr=1e-6",
+# The actor and rollout settings both GSM8K GRPO examples share.
+_GSM8K_GRPO_ACTOR_ROLLOUT = [
     "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.ppo_mini_batch_size={MINI_BATCH_SIZE}",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}", "actor_rollout_ref.actor.use_kl_loss=True",
     "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
@@ -16,6 +13,14 @@ GRPO_QWEN2_7B = [
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}",
     "actor_rollout_ref.rollout.tensor_model_parallel_size={TP}", "actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n={N}",
+]
+
+GRPO_QWEN2_7B = [
+    "algorithm.adv_estimator=grpo", "data.train_files={TRAIN_FILE}", "data.val_files={TEST_FILE}",
+    "data.train_batch_size={TRAIN_BATCH_SIZE}", "data.max_prompt_length={MAX_PROMPT_LENGTH}",
+    "data.max_response_length={MAX_RESPONSE_LENGTH}", "data.filter_overlong_prompts=True", "data.truncation='error'",
+    "actor_rollout_ref.model.path={MODEL_PATH}", "actor_rollout_ref.actor.optim.lr=1e-6",
+    *_GSM8K_GRPO_ACTOR_ROLLOUT,
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}",
     "actor_rollout_ref.ref.fsdp_config.param_offload=True", "algorithm.use_kl_in_reward=False",
     "trainer.critic_warmup=0", "trainer.logger=['console','wandb']",
@@ -31,15 +36,7 @@ GRPO_QWEN2_5_3B_LORA = [
     "data.filter_overlong_prompts=True", "data.truncation='error'", "data.shuffle=False",
     "actor_rollout_ref.model.path={MODEL_PATH}", "actor_rollout_ref.model.lora_rank={LORA_RANK}",
     "actor_rollout_ref.model.lora_alpha=32", "actor_rollout_ref.actor.optim.lr=3e-6",
-    "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.ppo_mini_batch_size={MINI_BATCH_SIZE}",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}", "actor_rollout_ref.actor.use_kl_loss=True",
-    "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-    "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
-    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size={TP}", "actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n={N}",
+    *_GSM8K_GRPO_ACTOR_ROLLOUT,
     "actor_rollout_ref.rollout.load_format=safetensors", "actor_rollout_ref.rollout.layered_summon=True",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}",
     "actor_rollout_ref.ref.fsdp_config.param_offload=True", "algorithm.use_kl_in_reward=False",

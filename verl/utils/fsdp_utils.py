@@ -86,3 +86,12 @@ def clip_grad_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         print(f"[{who}] gradient norm is {grad_norm}: skipping this optimizer step")
     optimizer.zero_grad(set_to_none=True)
     return grad_norm
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: str | torch.device) -> None:
+    """Move every tensor of the optimizer's state (Adam's moments, step counts) to `device`, in place:
+    `fsdp_config.optimizer_offload` keeps them in host memory between updates on CUDA."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                state[key] = value.to(device, non_blocking=True)

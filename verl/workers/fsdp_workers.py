@@ -23,7 +23,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint, save_rank_checkpoint
-from verl.utils.fsdp_utils import build_optimizer, shard_model
+from verl.utils.fsdp_utils import build_optimizer, move_optimizer_state, shard_model
 from verl.utils.import_utils import import_external_libs
 from verl.utils.lora import apply_lora, lora_scaling, merge_lora_items
 from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -131,6 +131,8 @@ class ActorRolloutRefWorker(Worker):
         self.role = role
         self.device = device
         self.seed = seed
+        # Optimizer state in host memory between updates (CUDA; on CPU it is there anyway).
+        self._offload_optimizer = device == "cuda" and bool(config.actor.fsdp_config.get("optimizer_offload"))
         import_external_libs(config.model.get("external_lib"))  # what the user's modules register, here too
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
@@ -355,7 +357,12 @@ class ActorRolloutRefWorker(Worker):
         """One PPO update on this rank's share, an lr-scheduler step, then the new weights go to the rollout."""
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         start = time.perf_counter()
+        if self._offload_optimizer:
+            move_optimizer_state(self.actor_optimizer, torch.cuda.current_device())
         metrics = self.actor.update_policy(data)
+        if self._offload_optimizer:  # fsdp_config.optimizer_offload: host memory until the next update
+            move_optimizer_state(self.actor_optimizer, "cpu")
+            torch.cuda.empty_cache()
         metrics["perf/update_actor_seconds"] = [time.perf_counter() - start]
         metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
         self.actor_lr_scheduler.step()
@@ -390,6 +397,8 @@ class ActorRolloutRefWorker(Worker):
         """Restore this rank's state from `local_path` and push the restored weights into the rollout engine."""
         load_rank_checkpoint(local_path, self.rank, self.world_size, self.actor_module, self.actor_optimizer,
                              self.actor_lr_scheduler)
+        if self._offload_optimizer:
+            move_optimizer_state(self.actor_optimizer, "cpu")
         if self._is_rollout:
             self._sync_rollout_weights()
 

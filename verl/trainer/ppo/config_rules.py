@@ -152,7 +152,6 @@ INERT_KEYS: dict[str, str] = {
     "actor_rollout_ref.actor.use_torch_compile": "the actor runs eagerly",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "no sequence parallelism: each rank holds whole "
                                                               "sequences",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "the optimizer state stays where the shards are",
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": "every rank is one FSDP2 shard of the actor",
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "the model is loaded in float32 (bf16 compute on CUDA comes "
                                                        "from fsdp_config.dtype)",

@@ -1,0 +1,26 @@
+"""fsdp_utils helpers that need no process group."""
+
+import torch
+
+from verl.utils.fsdp_utils import move_optimizer_state
+
+
+def test_every_optimizer_state_tensor_moves_to_the_device():
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+    keys = set(optimizer.state[model.weight])
+    move_optimizer_state(optimizer, "meta")  # a second device without a GPU: shapes move, not data
+    assert set(optimizer.state[model.weight]) == keys
+    assert all(v.is_meta for state in optimizer.state.values() for v in state.values())
+
+
+def test_moving_to_the_same_device_keeps_the_values():
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+    before = {k: v.clone() for k, v in optimizer.state[model.weight].items()}
+    move_optimizer_state(optimizer, "cpu")
+    assert all(torch.equal(before[k], v) for k, v in optimizer.state[model.weight].items())
