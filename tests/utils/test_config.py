@@ -232,3 +232,15 @@ def test_the_seeds_dapo_entry_points_are_main_ppo(module, capsys):
     result = subprocess.run([sys.executable, "-m", module, "trainer.total_epoch=3"], capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 2 and "unknown config key 'trainer.total_epoch'" in result.stderr
+
+
+def test_vllm_only_keys_are_announced_when_the_engine_is_hf(capsys):
+    from verl.trainer.ppo.config_rules import announce_inert_keys
+
+    overrides = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
+    keys = announce_inert_keys(load_config(overrides=["actor_rollout_ref.rollout.name=hf", *overrides]))
+    assert keys == ["actor_rollout_ref.rollout.tensor_model_parallel_size",
+                    "actor_rollout_ref.rollout.gpu_memory_utilization"]
+    assert "only the vllm engine reads it, and this run's engine is hf" in capsys.readouterr().out
+    assert announce_inert_keys(load_config(overrides=["actor_rollout_ref.rollout.name=vllm", *overrides])) == []

@@ -175,12 +175,18 @@ INERT_KEYS: dict[str, str] = {
 }
 
 
-def inert_keys_set(cfg: DictConfig) -> list[str]:
-    """The INERT_KEYS whose value in `cfg` differs from the base config's default (interpolations unresolved)."""
+# Rollout keys only the vLLM engine reads: with the HF engine they do nothing (announced like INERT_KEYS).
+VLLM_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs",
+                  "max_model_len", "enable_chunked_prefill", "enable_prefix_caching", "enforce_eager", "load_format",
+                  "disable_log_stats", "engine_kwargs", "dtype")
+
+
+def _changed(cfg: DictConfig, keys) -> list[str]:
+    """The dotted `keys` whose value in `cfg` differs from the base config's default (interpolations unresolved)."""
     from verl.utils.config import base_config
 
     base, found = base_config("ppo_trainer"), []
-    for key in INERT_KEYS:
+    for key in keys:
         parent, _, leaf = key.rpartition(".")
         node, default = OmegaConf.select(cfg, parent), OmegaConf.select(base, parent)
         if node is None or leaf not in node:
@@ -191,11 +197,24 @@ def inert_keys_set(cfg: DictConfig) -> list[str]:
     return found
 
 
+def inert_keys_set(cfg: DictConfig) -> list[str]:
+    """The INERT_KEYS set away from their defaults, and the vLLM-only rollout keys when the engine is another."""
+    keys = _changed(cfg, INERT_KEYS)
+    device = cfg.trainer.device if cfg.trainer.device in ("cpu", "cuda") else None
+    rollout = cfg.actor_rollout_ref.rollout
+    engine = resolve_rollout_name(rollout.name, device or resolve_device("auto"))
+    if engine != "vllm":
+        keys += _changed(cfg, [f"actor_rollout_ref.rollout.{key}" for key in VLLM_ONLY_KEYS])
+    return keys
+
+
 def announce_inert_keys(cfg: DictConfig) -> list[str]:
-    """Print one line per INERT_KEYS entry set away from its default; returns the keys announced."""
+    """Print one line per key set away from its default that does nothing in this run; returns those keys."""
     keys = inert_keys_set(cfg)
     for key in keys:
         value = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
         shown = json.dumps(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
-        print(f"[config] {key}={shown} is accepted for verl scripts but does nothing in Quiver: {INERT_KEYS[key]}")
+        reason = (INERT_KEYS[key] if key in INERT_KEYS else
+                  f"only the vllm engine reads it, and this run's engine is {cfg.actor_rollout_ref.rollout.name}")
+        print(f"[config] {key}={shown} is accepted for verl scripts but does nothing in Quiver: {reason}")
     return keys
