@@ -340,5 +340,8 @@ def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLCont
     raise ValueError(f"algorithm.kl_ctrl.type={kind!r} is not one of ['fixed', 'adaptive']")
 
 
+# The estimators beyond GAE and GRPO (rloo, reinforce_plus_plus, opo, gpg, ...) live in estimators.py.
+import verl.trainer.ppo.estimators  # noqa: E402, F401
+
 # The seed projects' losses live one per module in policy_losses/; importing the package registers them.
 from verl.trainer.ppo import policy_losses  # noqa: E402, F401
