@@ -1,4 +1,5 @@
-"""Hand-computed checks of verl/trainer/ppo/policy_losses: ASPO, Archer, AEPO and their entropy helpers.
+"""Hand-computed checks of verl/trainer/ppo/policy_losses: ASPO, Archer, AEPO, their entropy helpers, and verl's
+gspo, cispo, geo_mean, clip_cov, kl_cov, gpg and sapo.
 
 The gradient tests build ratios inside every region of each loss's weight table and check that
 d loss / d log_prob[token] = -A w / N under token-mean aggregation over N valid tokens.
@@ -19,6 +20,13 @@ from verl.trainer.ppo.policy_losses import (
     compute_policy_loss_aepo,
     compute_policy_loss_archer,
     compute_policy_loss_aspo,
+    compute_policy_loss_cispo,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_gpg,
+    compute_policy_loss_gspo,
+    compute_policy_loss_kl_cov,
+    compute_policy_loss_sapo,
     entropy_aware_advantage,
     split_by_token_entropy,
     split_kl_loss,
@@ -479,3 +487,327 @@ def test_seq_mean_token_mean_is_honoured(name):
     loss.backward()
     # Each sequence weighs 1/2 and its tokens share it (token-mean would give -1/3 each).
     torch.testing.assert_close(log_prob.grad, torch.tensor([[-0.5, 0.0], [-0.25, -0.25]]))
+
+
+# ------------------------------------------------------------------ verl's losses (verl_losses.py)
+
+VERL_LOSSES = {
+    "gspo": compute_policy_loss_gspo,
+    "cispo": compute_policy_loss_cispo,
+    "geo_mean": compute_policy_loss_geo_mean,
+    "clip_cov": compute_policy_loss_clip_cov,
+    "kl_cov": compute_policy_loss_kl_cov,
+    "gpg": compute_policy_loss_gpg,
+    "sapo": compute_policy_loss_sapo,
+}
+
+
+def test_verl_losses_register_under_verl_names():
+    for name, fn in VERL_LOSSES.items():
+        assert get_policy_loss_fn(name) is fn
+        assert not getattr(fn, "needs_entropy", False)
+
+
+def _sapo_weight(tau):
+    def weight(r):
+        gate = 1.0 / (1.0 + math.exp(-tau * (r - 1.0)))
+        return 4.0 * r * gate * (1.0 - gate)
+
+    return weight
+
+
+CLIP_0228 = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}
+CISPO_REGIONS = [
+    (-1, False, (0.3, 0.8), _const(0.8)),  # the weight is clipped, the gradient kept
+    (-1, False, (0.8, 1.28), _is),
+    (-1, False, (1.28, 3.0), _const(1.28)),
+    (1, False, (0.3, 0.8), _const(0.8)),
+    (1, False, (0.8, 1.28), _is),
+    (1, False, (1.28, 3.0), _const(1.28)),
+]
+# No token is eligible for clip_cov's detaching (lb above any covariance): plain PPO-clip without dual clip.
+CLIP_COV_CONFIG = {**CLIP_0228, "policy_loss": {"clip_cov_lb": 1.0e9, "clip_cov_ub": 2.0e9}}
+CLIP_COV_REGIONS = [
+    (-1, False, (0.3, 0.8), _zero),
+    (-1, False, (0.8, 1.28), _is),
+    (-1, False, (1.28, 6.0), _is),  # no dual clip in clip_cov
+    (1, False, (0.3, 0.8), _is),
+    (1, False, (0.8, 1.28), _is),
+    (1, False, (1.28, 3.0), _zero),
+]
+# ppo_kl_coef 0: the KL term vanishes and kl_cov is the unclipped -A r everywhere.
+KL_COV_CONFIG = {"policy_loss": {"ppo_kl_coef": 0.0}}
+UNCLIPPED_REGIONS = [(sign, False, interval, _is) for sign in (-1, 1) for interval in ((0.1, 0.8), (0.8, 1.3), (1.3, 5.0))]
+GPG_REGIONS = [(sign, False, interval, _const(1.0)) for sign in (-1, 1) for interval in ((0.1, 0.8), (0.8, 1.3), (1.3, 5.0))]
+SAPO_CONFIG = {"policy_loss": {"tau_pos": 1.0, "tau_neg": 2.0}}
+SAPO_REGIONS = [
+    (sign, False, interval, _sapo_weight(1.0 if sign > 0 else 2.0))
+    for sign in (-1, 1)
+    for interval in ((0.05, 0.5), (0.5, 0.95), (0.95, 1.05), (1.05, 2.0), (2.0, 6.0))
+]
+
+
+@pytest.mark.parametrize(
+    "name, config, regions",
+    [
+        ("cispo", CLIP_0228, CISPO_REGIONS),
+        ("clip_cov", CLIP_COV_CONFIG, CLIP_COV_REGIONS),
+        ("kl_cov", KL_COV_CONFIG, UNCLIPPED_REGIONS),
+        ("gpg", None, GPG_REGIONS),
+        ("sapo", SAPO_CONFIG, SAPO_REGIONS),
+    ],
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_verl_token_losses_gradient_matches_weight_table(name, config, regions, seed):
+    old_log_prob, log_prob, adv, mask, _, _, weight = _region_batch(regions, seed)
+    loss, metrics = VERL_LOSSES[name](old_log_prob, log_prob, adv, mask, config=config)
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, -adv * weight / mask.sum())
+    assert torch.all(log_prob.grad[mask == 0] == 0)
+    assert all(isinstance(v, float) for v in metrics.values())
+
+
+# (sign of A, interval of the sequence ratio s); GSPO's weight is s, or 0 where the sequence is clipped.
+GSPO_REGIONS = [
+    (-1, (0.3, 0.8), _zero),
+    (-1, (0.8, 1.28), _is),
+    (-1, (1.28, 3.0), _is),
+    (1, (0.3, 0.8), _is),
+    (1, (0.8, 1.28), _is),
+    (1, (1.28, 2.5), _zero),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gspo_gradient_is_sequence_weight_over_sequence_length(seed):
+    gen = torch.Generator().manual_seed(seed)
+    rows, width = len(GSPO_REGIONS), 6
+    old_log_prob = torch.randn(rows, width, generator=gen)
+    log_ratio, mask = torch.zeros(rows, width), torch.zeros(rows, width)
+    adv, weight = torch.zeros(rows, width), torch.zeros(rows, width)
+    for i, (sign, (lo, hi), w) in enumerate(GSPO_REGIONS):
+        length = 2 + i % 4
+        s = lo + (hi - lo) * (0.05 + 0.9 * torch.rand(1, generator=gen).item())
+        x = 0.3 * torch.randn(width, generator=gen)
+        x[:length] += math.log(s) - x[:length].mean()  # valid tokens' mean log-ratio is log s; padding is noise
+        log_ratio[i], mask[i, :length] = x, 1.0
+        adv[i] = sign * (0.5 + torch.rand(1, generator=gen).item())
+        weight[i, :length] = w(s) / length
+    log_prob = (old_log_prob + log_ratio).requires_grad_(True)
+    # loss_agg_mode is ignored: GSPO always takes seq-mean-token-mean.
+    loss, _ = compute_policy_loss_gspo(old_log_prob, log_prob, adv, mask, "token-mean", config=CLIP_0228)
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, -adv * weight / rows)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_geo_mean_gradient_is_clipped_geometric_mean_on_unclipped_tokens(seed):
+    gen = torch.Generator().manual_seed(seed)
+    eps_low, eps_high = 0.3, 0.4
+    # log-ratios in every region: below -eps_low, inside, above eps_high (three of each per row), then padding
+    x = torch.cat([-0.9 + 0.5 * torch.rand(2, 3, generator=gen), -0.25 + 0.6 * torch.rand(2, 3, generator=gen),
+                   0.45 + 0.5 * torch.rand(2, 3, generator=gen), torch.randn(2, 2, generator=gen)], dim=1)
+    mask = torch.cat([torch.ones(2, 9), torch.zeros(2, 2)], dim=1)
+    adv = torch.tensor([[-0.7], [1.3]]).expand(2, 11).clone()
+    old_log_prob = torch.randn(2, 11, generator=gen)
+    log_prob = (old_log_prob + x).requires_grad_(True)
+    loss, _ = compute_policy_loss_geo_mean(old_log_prob, log_prob, adv, mask,
+                                           config={"clip_ratio_low": eps_low, "clip_ratio_high": eps_high})
+    loss.backward()
+    expected = torch.zeros(2, 11)
+    for i in range(2):
+        a = adv[i, 0].item()
+        values = x[i, :9].tolist()
+        clipped = [max(v, -eps_low) if a < 0 else min(v, eps_high) for v in values]
+        seq_ratio = math.exp(sum(clipped) / 9)
+        for t, (v, c) in enumerate(zip(values, clipped)):
+            expected[i, t] = -a * seq_ratio / (2 * 9) if v == c else 0.0
+    torch.testing.assert_close(log_prob.grad, expected)
+
+
+def test_gspo_values_hand_computed():
+    # Row 0: ratios 0.8 and 1.25 give s = 1 (padding ignored); row 1: s = 1.5, clipped to 1.28 for A = 2 > 0.
+    old_log_prob = torch.zeros(2, 3)
+    log_prob = torch.log(torch.tensor([[0.8, 1.25, 7.0], [1.5, 1.5, 1.5]]))
+    adv = torch.tensor([[-1.0] * 3, [2.0] * 3])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, metrics = compute_policy_loss_gspo(old_log_prob, log_prob, adv, mask, "token-mean", config=CLIP_0228)
+    assert loss.item() == pytest.approx((1.0 - 2.0 * 1.28) / 2, rel=1e-5)  # token-mean would give -1.136
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(3 / 5)
+    assert metrics["actor/pg_clipfrac_lower"] == 0.0
+
+
+def test_cispo_values_hand_computed():
+    old_log_prob, log_prob, adv, mask, _ = _one_row([0.5, 1.1, 2.0, 1.0], [1.0, -1.0, 2.0, 3.0], [1, 1, 1, 0])
+    loss, metrics = compute_policy_loss_cispo(old_log_prob, log_prob, adv, mask, config=CLIP_0228)
+    values = [-0.8 * math.log(0.5), 1.1 * math.log(1.1), -1.28 * 2.0 * math.log(2.0)]
+    assert loss.item() == pytest.approx(sum(values) / 3, rel=1e-5)
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(2 / 3)
+    assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(1 / 3)
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[-0.8 / 3, 1.1 / 3, -2.0 * 1.28 / 3, 0.0]]))
+
+
+def test_geo_mean_values_hand_computed():
+    # eps 0.4 in log space. Row 0 (A = 1): x = 0.1, 0.6 -> 0.4, -0.6 kept; row 1 (A = -1): 0.6 kept, -0.6 -> -0.4.
+    x = torch.tensor([[0.1, 0.6, -0.6], [0.6, -0.6, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = torch.tensor([[1.0] * 3, [-1.0] * 3])
+    config = {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4}
+    loss, metrics = compute_policy_loss_geo_mean(torch.zeros(2, 3), x, adv, mask, config=config)
+    row0 = -math.exp((0.1 + 0.4 - 0.6) / 3)
+    row1 = math.exp((0.6 - 0.4) / 2)
+    assert loss.item() == pytest.approx((row0 + row1) / 2, rel=1e-5)
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(2 / 5)  # outside [-0.4, 0.4] with A > 0
+    assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(2 / 5)
+
+
+# One row, old_log_prob = 0: log_prob = [0, 0.1, -0.1, 0.05, 0.5], A = [1, 1, -1, -1, 1]. Means: A 0.2, log_prob
+# 0.11, so cov = [-0.088, -0.008, 0.252, 0.072, 0.312]. Token 4 (r = e^0.5 > 1.28, A > 0) is clipped by PPO.
+COV_LOG_PROB = [[0.0, 0.1, -0.1, 0.05, 0.5]]
+COV_ADV = [[1.0, 1.0, -1.0, -1.0, 1.0]]
+PPO_VALUES = [-1.0, -math.exp(0.1), math.exp(-0.1), math.exp(0.05), -1.28]
+
+
+@pytest.mark.parametrize(
+    "policy_loss, detached",
+    [
+        ({"clip_cov_ratio": 0.2, "clip_cov_lb": 0.0, "clip_cov_ub": 1.0}, [2]),  # k = 1: largest eligible cov
+        ({"clip_cov_ratio": 0.4, "clip_cov_lb": 0.0, "clip_cov_ub": 1.0}, [2, 3]),  # k = 2
+        ({"clip_cov_ratio": 0.4, "clip_cov_lb": 0.0, "clip_cov_ub": 0.1}, [3]),  # 0.252 is above ub
+        ({"clip_cov_ratio": 0.2, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0}, []),  # yaml bounds: nothing eligible
+    ],
+)
+def test_clip_cov_detaches_largest_covariance_unclipped_tokens(policy_loss, detached):
+    log_prob = torch.tensor(COV_LOG_PROB, requires_grad=True)
+    config = {**CLIP_0228, "policy_loss": policy_loss}
+    loss, metrics = compute_policy_loss_clip_cov(torch.zeros(1, 5), log_prob, torch.tensor(COV_ADV),
+                                                 torch.ones(1, 5), config=config)
+    kept = [0.0 if t in detached else v for t, v in enumerate(PPO_VALUES)]
+    assert loss.item() == pytest.approx(sum(kept) / 5, rel=1e-5)
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(len(detached) / 5)
+    assert metrics["actor/ppo_clipfrac"] == pytest.approx(1 / 5)
+    loss.backward()
+    ratio = torch.exp(torch.tensor(COV_LOG_PROB))
+    expected = -torch.tensor(COV_ADV) * ratio / 5
+    expected[0, 4] = 0.0  # PPO-clipped
+    expected[0, detached] = 0.0
+    torch.testing.assert_close(log_prob.grad, expected)
+
+
+@pytest.mark.parametrize("name, key", [("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")])
+def test_covariance_selection_ties_go_to_the_first_token(name, key):
+    # Every token has cov = 0.1: the first one(s) in row-major order are selected, every time.
+    log_prob = torch.tensor([[0.1, 0.1, -0.1, -0.1], [0.1, 0.1, -0.1, -0.1]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]] * 2)
+    config = {"policy_loss": {key: 0.25, "clip_cov_lb": 0.0, "clip_cov_ub": 1.0, "ppo_kl_coef": 1.0}}
+    grads = []
+    for _ in range(2):
+        log_prob.grad = None
+        loss, _ = VERL_LOSSES[name](torch.zeros(2, 4), log_prob, adv, torch.ones(2, 4), config=config)
+        loss.backward()
+        grads.append(log_prob.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
+    plain = -adv * torch.exp(log_prob.detach()) / 8
+    changed = (grads[0] - plain).abs() > 1e-6
+    assert changed.nonzero().tolist() == [[0, 0], [0, 1]]  # k = 2 of the 8 tokens
+
+
+def test_kl_cov_penalises_largest_covariance_tokens():
+    # Same batch as clip_cov: k = 1 selects token 4 (cov 0.312; kl_cov does not exclude PPO-clipped tokens).
+    log_prob = torch.tensor(COV_LOG_PROB, requires_grad=True)
+    config = {"policy_loss": {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.5}}
+    loss, metrics = compute_policy_loss_kl_cov(torch.zeros(1, 5), log_prob, torch.tensor(COV_ADV),
+                                               torch.ones(1, 5), config=config)
+    ratio = [math.exp(v) for v in COV_LOG_PROB[0]]
+    values = [-a * r for a, r in zip(COV_ADV[0], ratio)]
+    assert loss.item() == pytest.approx((sum(values) + 0.5 * 0.5) / 5, rel=1e-5)
+    assert metrics["actor/kl_cov_frac"] == pytest.approx(1 / 5)
+    assert metrics["actor/ppo_kl"] == pytest.approx(sum(abs(v) for v in COV_LOG_PROB[0]) / 5, rel=1e-5)
+    loss.backward()
+    expected = torch.tensor([values]) / 5
+    expected[0, 4] += 0.5 / 5  # d |x| / d x = 1 for x = 0.5 > 0
+    torch.testing.assert_close(log_prob.grad, expected)
+
+
+def test_gpg_values_hand_computed():
+    old_log_prob, log_prob, adv, mask, _ = _one_row([0.5, 2.0, 3.0], [1.0, -2.0, 4.0], [1, 1, 0])
+    loss, _ = compute_policy_loss_gpg(old_log_prob, log_prob, adv, mask)
+    assert loss.item() == pytest.approx((-math.log(0.5) + 2.0 * math.log(2.0)) / 2, rel=1e-5)
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[-0.5, 1.0, 0.0]]))
+
+
+def test_sapo_values_hand_computed():
+    # Yaml temperatures tau_pos = 1, tau_neg = 1.05; f(r) = sigmoid(tau (r - 1)) 4 / tau, loss = -A f(r).
+    old_log_prob, log_prob, adv, mask, _ = _one_row([1.0, 1.5, 0.5], [1.0, -1.0, 2.0], [1, 1, 1])
+    loss, metrics = compute_policy_loss_sapo(old_log_prob, log_prob, adv, mask)
+
+    def sigmoid(z):
+        return 1.0 / (1.0 + math.exp(-z))
+
+    values = [-1.0 * 2.0, 1.0 * sigmoid(1.05 * 0.5) * 4 / 1.05, -2.0 * sigmoid(-0.5) * 4]
+    assert loss.item() == pytest.approx(sum(values) / 3, rel=1e-5)
+    loss.backward()
+    weights = [1.0, _sapo_weight(1.05)(1.5), _sapo_weight(1.0)(0.5)]
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[-1.0 * weights[0], weights[1], -2.0 * weights[2]]]) / 3)
+    assert metrics["actor/sapo_gate_weight"] == pytest.approx(sum(weights) / 3, rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gspo", "cispo", "clip_cov", "kl_cov", "gpg", "sapo"])
+def test_verl_losses_scale_gradient_by_rollout_is_weights(name):
+    # r = 1, A = 1, one row: every one of these has per-token gradient -w_is / N.
+    log_prob = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = VERL_LOSSES[name](torch.zeros(1, 2), log_prob, torch.ones(1, 2), torch.ones(1, 2),
+                                rollout_is_weights=torch.tensor([[2.0, 0.5]]))
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, torch.tensor([[-1.0, -0.25]]))
+
+
+class _Section:
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        None,
+        {},
+        {"policy_loss": {"loss_mode": "sapo"}},
+        OmegaConf.create({"policy_loss": {"tau_pos": None}}),
+        _Section(policy_loss=_Section(loss_mode="sapo")),
+    ],
+)
+def test_verl_losses_take_yaml_defaults_for_missing_keys(config):
+    # Defaults: tau_pos 1.0 -> value -4 sigmoid(0) = -2 for A = 1 at r = 1.
+    loss, _ = compute_policy_loss_sapo(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),
+                                       config=config)
+    assert loss.item() == pytest.approx(-2.0)
+    loss, _ = compute_policy_loss_kl_cov(torch.zeros(1, 2), torch.tensor([[0.2, -0.2]]), torch.tensor([[1.0, -1.0]]),
+                                         torch.ones(1, 2), config=config)
+    # kl_cov_ratio 0.0002 -> k = 1 (token 0, cov 0.2), ppo_kl_coef 0.1
+    assert loss.item() == pytest.approx((-math.exp(0.2) + math.exp(-0.2) + 0.1 * 0.2) / 2, rel=1e-5)
+
+
+@pytest.mark.parametrize("name, key", [("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio"),
+                                       ("sapo", "tau_pos")])
+def test_verl_losses_reject_non_positive_settings(name, key):
+    with pytest.raises(ValueError, match=rf"policy_loss\.{key}"):
+        VERL_LOSSES[name](torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),
+                          config={"policy_loss": {key: -1.0}})
+
+
+def test_config_check_rejects_bad_policy_loss_settings():
+    from verl.trainer.config import load_config
+    from verl.trainer.ppo.config_rules import validate_ppo_config
+    from verl.utils.config import ConfigError
+
+    prefix = "actor_rollout_ref.actor.policy_loss"
+    cfg = load_config(overrides=[f"{prefix}.loss_mode=sapo", f"{prefix}.tau_neg=0", f"{prefix}.kl_cov_ratio=-1",
+                                 f"{prefix}.clip_cov_lb=6.0"])
+    with pytest.raises(ConfigError) as err:
+        validate_ppo_config(cfg)
+    message = str(err.value)
+    for fragment in (f"{prefix}.tau_neg=0", f"{prefix}.kl_cov_ratio=-1", f"{prefix}.clip_cov_lb=6.0 must be below"):
+        assert fragment in message

@@ -105,12 +105,23 @@ class CheckpointConfig(Section):
 @config_section(f"{ACTOR}.policy_loss")
 class PolicyLossConfig(Section):
     loss_mode: str
+    clip_cov_ratio: float  # clip_cov
+    clip_cov_lb: float
+    clip_cov_ub: float
+    kl_cov_ratio: float  # kl_cov
+    ppo_kl_coef: float
+    tau_pos: float  # sapo
+    tau_neg: float
 
     def check(self, problems: list[str]) -> None:
         from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 
         need(self.loss_mode in POLICY_LOSS_REGISTRY, f"{self.__config_prefix__}.loss_mode={self.loss_mode!r} is not "
              f"a registered name; known policy losses: {', '.join(sorted(POLICY_LOSS_REGISTRY))}", problems)
+        for key in ("clip_cov_ratio", "kl_cov_ratio", "tau_pos", "tau_neg"):
+            need(getattr(self, key) > 0, f"{self.__config_prefix__}.{key}={getattr(self, key)} must be > 0", problems)
+        need(self.clip_cov_lb < self.clip_cov_ub, f"{self.__config_prefix__}.clip_cov_lb={self.clip_cov_lb} must be "
+             f"below clip_cov_ub={self.clip_cov_ub}", problems)
 
 
 @config_section(ACTOR)
