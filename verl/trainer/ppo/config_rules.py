@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.config.schema import PPOTrainerConfig
 from verl.utils.config import ConfigError, need, resolve_device
-from verl.utils.typed_config import build_section, check_config_types
+from verl.utils.typed_config import build_section, check_config_types, check_with
 from verl.workers.reward_manager.naive import OverlongBuffer
 from verl.workers.rollout.base import resolve_rollout_name
 
@@ -85,10 +85,7 @@ def check_group_filters(config: PPOTrainerConfig, problems: list[str]) -> None:
     against the response length."""
     algo, data = config.algorithm, config.data
     groups, overlong = algo.filter_groups, config.reward_model.overlong_buffer
-    try:  # the overlong penalty's own rule
-        OverlongBuffer.from_config(vars(overlong), data.max_response_length)
-    except ValueError as err:
-        problems.append(str(err))
+    check_with(OverlongBuffer.from_config, vars(overlong), data.max_response_length, problems=problems)
     need(not (groups.enable and config.trainer.rejection_sample),
          "set only one of algorithm.filter_groups.enable (DAPO: refill the batch) and trainer.rejection_sample "
          "(Archer: let it shrink)", problems)

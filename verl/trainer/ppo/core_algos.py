@@ -160,6 +160,21 @@ def agg_loss(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    """log r = log_prob - old_log_prob, clamped to [-20, 20] so that exp(log r) stays finite; every loss uses it."""
+    return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+
+
+def apply_rollout_is_weights(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """The per-token losses times the rollout importance-sampling weights, when the caller passes them."""
+    return pg_losses if rollout_is_weights is None else pg_losses * rollout_is_weights
+
+
+def ppo_kl(old_log_prob: torch.Tensor, log_prob: torch.Tensor, response_mask: torch.Tensor) -> float:
+    """`actor/ppo_kl`: the mean of old_log_prob - log_prob over valid tokens (no gradient)."""
+    return masked_mean((old_log_prob - log_prob).detach(), response_mask).item()
+
+
 def clip_config(config: Any) -> tuple[float, float, float]:
     """(eps_low, eps_high, c) from clip_ratio, clip_ratio_low / clip_ratio_high (null = clip_ratio) and clip_ratio_c
     (must be > 1); the config check calls this too, so the rule is written once."""
@@ -228,19 +243,17 @@ def compute_policy_loss_vanilla(
     """
     eps_low, eps_high, clip_ratio_c = clip_config(config)
 
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(clamped_log_ratio(log_prob, old_log_prob))
 
     pg_losses, clipped, dual_clipped = dual_clip_losses(ratio, advantages, 1.0 - eps_low, 1.0 + eps_high, clip_ratio_c)
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
 
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
     with torch.no_grad():
         metrics = {
             "actor/pg_clipfrac": masked_mean(clipped.float(), response_mask).item(),
-            "actor/ppo_kl": masked_mean(old_log_prob - log_prob, response_mask).item(),
+            "actor/ppo_kl": ppo_kl(old_log_prob, log_prob, response_mask),
             "actor/pg_clipfrac_lower": masked_mean(dual_clipped.float(), response_mask).item(),
         }
     return pg_loss, metrics

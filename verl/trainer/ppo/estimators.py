@@ -71,20 +71,10 @@ def compute_rloo_outcome_advantage(
         A_i = s_i - (1 / (n_g - 1)) * sum_{j in g(i), j != i} s_j  =  n_g / (n_g - 1) * (s_i - mean_g(s))
 
     A group of one has no other sample: its baseline is 0 and A_i = s_i. `epsilon` and `config` are unused
-    (kept for verl's signature).
+    (kept for verl's signature). verl registers a loop and a vectorised version under two names; here both names
+    run the one vectorised computation.
     """
-    with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)
-        advantages = torch.zeros_like(scores)
-        for members in _groups(index).values():
-            group = scores[members]
-            n = len(members)
-            if n == 1:
-                advantages[members] = group
-                continue
-            others_mean = (group.sum() - group) / (n - 1)
-            advantages[members] = group - others_mean
-        return _broadcast(advantages, response_mask)
+    return compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon, config)
 
 
 @register_adv_est("rloo_vectorized")
@@ -95,7 +85,7 @@ def compute_rloo_vectorized_outcome_advantage(
     epsilon: float = 1e-6,
     config: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RLOO without a Python loop over groups; same values as `rloo`:
+    """RLOO without a Python loop over groups (what `rloo` runs too):
 
         A_i = (n_g * s_i - sum_{j in g(i)} s_j) / (n_g - 1)      for n_g > 1
         A_i = s_i                                               for n_g = 1 (baseline 0)

@@ -6,7 +6,16 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import _cfg_get, agg_loss, clip_config, dual_clip_losses, register_policy_loss
+from verl.trainer.ppo.core_algos import (
+    _cfg_get,
+    agg_loss,
+    apply_rollout_is_weights,
+    clamped_log_ratio,
+    clip_config,
+    dual_clip_losses,
+    ppo_kl,
+    register_policy_loss,
+)
 from verl.utils.torch_functional import masked_mean, masked_var
 
 
@@ -46,13 +55,12 @@ def compute_policy_loss_aepo(
     """
     eps_low, eps_high, clip_ratio_c = clip_config(config)
 
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     upper = (1.0 + eps_high) * ratio / ratio.detach()
 
     pg_losses, clipped, dual_clipped = dual_clip_losses(ratio, advantages, 1.0 - eps_low, upper, clip_ratio_c)
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
 
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
@@ -60,7 +68,7 @@ def compute_policy_loss_aepo(
         rescaled = (advantages > 0) & (ratio > 1.0 + eps_high)
         metrics = {
             "actor/pg_clipfrac": masked_mean(clipped.float(), response_mask).item(),
-            "actor/ppo_kl": masked_mean(old_log_prob - log_prob, response_mask).item(),
+            "actor/ppo_kl": ppo_kl(old_log_prob, log_prob, response_mask),
             "actor/pg_clipfrac_lower": masked_mean(dual_clipped.float(), response_mask).item(),
             "actor/pg_clipfrac_upper_rescaled": masked_mean(rescaled.float(), response_mask).item(),
         }

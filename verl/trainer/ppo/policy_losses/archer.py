@@ -6,7 +6,16 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import _cfg_get, agg_loss, clip_config, dual_clip_losses, register_policy_loss
+from verl.trainer.ppo.core_algos import (
+    _cfg_get,
+    agg_loss,
+    apply_rollout_is_weights,
+    clamped_log_ratio,
+    clip_config,
+    dual_clip_losses,
+    ppo_kl,
+    register_policy_loss,
+)
 from verl.trainer.ppo.policy_losses.entropy_split import entropy_groups
 from verl.utils.torch_functional import masked_mean
 
@@ -50,7 +59,7 @@ def compute_policy_loss_archer(
     clip_low, clip_high, clip_ratio_c = clip_config(config)
     high, low = entropy_groups(entropy, response_mask, config, "archer")
 
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     def clip(key: str, unset: float) -> float:  # null in the config: the PPO clip range of that side
         value = _cfg_get(config, key)
@@ -62,8 +71,7 @@ def compute_policy_loss_archer(
                            clip("low_entropy_clip_ratio_high", clip_low)).to(ratio.dtype)
 
     pg_losses, clipped, dual_clipped = dual_clip_losses(ratio, advantages, 1.0 - eps_low, 1.0 + eps_high, clip_ratio_c)
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
 
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
@@ -71,7 +79,7 @@ def compute_policy_loss_archer(
         clipped = clipped.float()
         metrics = {
             "actor/pg_clipfrac": masked_mean(clipped, response_mask).item(),
-            "actor/ppo_kl": masked_mean(old_log_prob - log_prob, response_mask).item(),
+            "actor/ppo_kl": ppo_kl(old_log_prob, log_prob, response_mask),
             "actor/pg_clipfrac_lower": masked_mean(dual_clipped.float(), response_mask).item(),
             "actor/pg_clipfrac_high_entropy": masked_mean(clipped, high).item(),
             "actor/pg_clipfrac_low_entropy": masked_mean(clipped, low).item(),

@@ -6,7 +6,14 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import _cfg_get, agg_loss, register_policy_loss
+from verl.trainer.ppo.core_algos import (
+    _cfg_get,
+    agg_loss,
+    apply_rollout_is_weights,
+    clamped_log_ratio,
+    ppo_kl,
+    register_policy_loss,
+)
 from verl.trainer.ppo.policy_losses.entropy_split import entropy_groups
 from verl.utils.torch_functional import masked_mean
 
@@ -71,7 +78,7 @@ def compute_policy_loss_aspo(
     c_neg, c_pos = aspo_dual_clip(config)
     high, _ = entropy_groups(entropy, response_mask, config, "aspo")
 
-    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     eps_neg = torch.where(
         high,
@@ -93,8 +100,7 @@ def compute_policy_loss_aspo(
     loss_neg = torch.where(dual_neg, -adv * c_neg * log_prob, -adv * p_neg)
     loss_pos = torch.where(dual_pos, -adv * c_pos * log_prob, -adv * (p_pos / p_pos.detach()) / p_pos.detach())
     pg_losses = torch.where(negative, loss_neg, loss_pos)
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
 
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
@@ -110,7 +116,7 @@ def compute_policy_loss_aspo(
             "actor/high_entropy_token_frac": high,
         }
         metrics = {name: masked_mean(flag.float(), response_mask).item() for name, flag in fractions.items()}
-        metrics["actor/ppo_kl"] = masked_mean(old_log_prob - log_prob, response_mask).item()
+        metrics["actor/ppo_kl"] = ppo_kl(old_log_prob, log_prob, response_mask)
     return pg_loss, metrics
 
 

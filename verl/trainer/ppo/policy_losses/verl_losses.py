@@ -11,7 +11,15 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import _cfg_get, agg_loss, clip_config, register_policy_loss
+from verl.trainer.ppo.core_algos import (
+    _cfg_get,
+    agg_loss,
+    apply_rollout_is_weights,
+    clamped_log_ratio,
+    clip_config,
+    ppo_kl,
+    register_policy_loss,
+)
 from verl.utils.torch_functional import masked_mean
 
 POLICY_LOSS_SECTION = "actor_rollout_ref.actor.policy_loss"
@@ -26,18 +34,6 @@ def _loss_option(config: Any, key: str) -> Any:
     else:
         section = getattr(config, "policy_loss", None)
     return _cfg_get(section, key, POLICY_LOSS_SECTION)
-
-
-def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
-    return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
-
-
-def _kl_metric(old_log_prob: torch.Tensor, log_prob: torch.Tensor, mask: torch.Tensor) -> float:
-    return masked_mean((old_log_prob - log_prob).detach(), mask).item()
-
-
-def _weighted(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
-    return pg_losses if rollout_is_weights is None else pg_losses * rollout_is_weights
 
 
 @register_policy_loss("gspo")
@@ -68,7 +64,7 @@ def compute_policy_loss_gspo(
         `actor/pg_clipfrac_lower` (always 0: GSPO has no dual clip).
     """
     eps_low, eps_high, _ = clip_config(config)
-    log_ratio = _log_ratio(log_prob, old_log_prob)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     lengths = response_mask.sum(dim=-1).clamp(min=1)
     log_seq_ratio = (log_ratio * response_mask).sum(dim=-1) / lengths
     log_token_ratio = log_seq_ratio.detach().unsqueeze(-1) + log_prob - log_prob.detach()
@@ -76,13 +72,13 @@ def compute_policy_loss_gspo(
 
     loss_unclipped = -advantages * seq_ratio
     loss_clipped = -advantages * torch.clamp(seq_ratio, 1.0 - eps_low, 1.0 + eps_high)
-    pg_losses = _weighted(torch.maximum(loss_unclipped, loss_clipped), rollout_is_weights)
+    pg_losses = apply_rollout_is_weights(torch.maximum(loss_unclipped, loss_clipped), rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean")
 
     with torch.no_grad():
         metrics = {
             "actor/pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), response_mask).item(),
-            "actor/ppo_kl": _kl_metric(old_log_prob, log_prob, response_mask),
+            "actor/ppo_kl": ppo_kl(old_log_prob, log_prob, response_mask),
             "actor/pg_clipfrac_lower": 0.0,
         }
     return pg_loss, metrics
@@ -114,16 +110,16 @@ def compute_policy_loss_cispo(
         `actor/pg_clipfrac_lower` (r below it).
     """
     eps_low, eps_high, _ = clip_config(config)
-    ratio = torch.exp(_log_ratio(log_prob, old_log_prob))
+    ratio = torch.exp(clamped_log_ratio(log_prob, old_log_prob))
     clipped_ratio = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high).detach()
-    pg_losses = _weighted(-clipped_ratio * advantages * log_prob, rollout_is_weights)
+    pg_losses = apply_rollout_is_weights(-clipped_ratio * advantages * log_prob, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
     with torch.no_grad():
         lower = ratio < 1.0 - eps_low
         metrics = {
             "actor/pg_clipfrac": masked_mean((lower | (ratio > 1.0 + eps_high)).float(), response_mask).item(),
-            "actor/ppo_kl": _kl_metric(old_log_prob, log_prob, response_mask),
+            "actor/ppo_kl": ppo_kl(old_log_prob, log_prob, response_mask),
             "actor/pg_clipfrac_lower": masked_mean(lower.float(), response_mask).item(),
         }
     return pg_loss, metrics
@@ -159,7 +155,7 @@ def compute_policy_loss_geo_mean(
         `actor/pg_clipfrac_lower` (the same with A < 0).
     """
     eps_low, eps_high, _ = clip_config(config)
-    log_ratio = _log_ratio(log_prob, old_log_prob)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     sign = torch.sign(advantages)
     clamped = torch.clamp(log_ratio, -eps_low, eps_high)
     clipped_log_ratio = sign * torch.minimum(sign * log_ratio, sign * clamped)
@@ -176,7 +172,7 @@ def compute_policy_loss_geo_mean(
         outside = log_ratio != clamped
         metrics = {
             "actor/pg_clipfrac": masked_mean((outside & (advantages > 0)).float(), response_mask).item(),
-            "actor/ppo_kl": _kl_metric(old_log_prob, log_prob, response_mask),
+            "actor/ppo_kl": ppo_kl(old_log_prob, log_prob, response_mask),
             "actor/pg_clipfrac_lower": masked_mean((outside & (advantages < 0)).float(), response_mask).item(),
         }
     return pg_loss, metrics
@@ -233,7 +229,7 @@ def compute_policy_loss_clip_cov(
     if ratio_frac <= 0:
         raise ValueError(f"{POLICY_LOSS_SECTION}.clip_cov_ratio={ratio_frac} must be > 0")
 
-    ratio = torch.exp(_log_ratio(log_prob, old_log_prob))
+    ratio = torch.exp(clamped_log_ratio(log_prob, old_log_prob))
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     valid = response_mask > 0
@@ -245,13 +241,13 @@ def compute_policy_loss_clip_cov(
     selected = _top_tokens(cov, eligible, k)
 
     pg_losses = torch.maximum(loss_unclipped, loss_clipped) * (~selected).to(ratio.dtype)
-    pg_losses = _weighted(pg_losses, rollout_is_weights)
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
     with torch.no_grad():
         metrics = {
             "actor/pg_clipfrac": masked_mean(selected.float(), response_mask).item(),
-            "actor/ppo_kl": _kl_metric(old_log_prob, log_prob, response_mask),
+            "actor/ppo_kl": ppo_kl(old_log_prob, log_prob, response_mask),
             "actor/pg_clipfrac_lower": 0.0,
             "actor/ppo_clipfrac": masked_mean(ppo_clipped.float(), response_mask).item(),
         }
@@ -288,7 +284,7 @@ def compute_policy_loss_kl_cov(
     ratio_frac, coef = _loss_option(config, "kl_cov_ratio"), _loss_option(config, "ppo_kl_coef")
     if ratio_frac <= 0:
         raise ValueError(f"{POLICY_LOSS_SECTION}.kl_cov_ratio={ratio_frac} must be > 0")
-    log_ratio = _log_ratio(log_prob, old_log_prob)
+    log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     valid = response_mask > 0
 
@@ -297,7 +293,7 @@ def compute_policy_loss_kl_cov(
     selected = _top_tokens(cov, valid, k)
 
     pg_losses = -advantages * ratio + coef * log_ratio.abs() * selected.to(ratio.dtype)
-    pg_losses = _weighted(pg_losses, rollout_is_weights)
+    pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
     with torch.no_grad():
@@ -330,11 +326,11 @@ def compute_policy_loss_gpg(
     Returns:
         (pg_loss, metrics): `actor/pg_clipfrac` (0), `actor/ppo_kl`, `actor/pg_clipfrac_lower` (0).
     """
-    pg_losses = _weighted(-advantages * log_prob, rollout_is_weights)
+    pg_losses = apply_rollout_is_weights(-advantages * log_prob, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
     metrics = {
         "actor/pg_clipfrac": 0.0,
-        "actor/ppo_kl": _kl_metric(old_log_prob, log_prob, response_mask),
+        "actor/ppo_kl": ppo_kl(old_log_prob, log_prob, response_mask),
         "actor/pg_clipfrac_lower": 0.0,
     }
     return pg_loss, metrics
@@ -369,16 +365,16 @@ def compute_policy_loss_sapo(
     tau_pos, tau_neg = _loss_option(config, "tau_pos"), _loss_option(config, "tau_neg")
     if tau_pos <= 0 or tau_neg <= 0:
         raise ValueError(f"{POLICY_LOSS_SECTION}.tau_pos={tau_pos} and tau_neg={tau_neg} must be > 0")
-    ratio = torch.exp(_log_ratio(log_prob, old_log_prob))
+    ratio = torch.exp(clamped_log_ratio(log_prob, old_log_prob))
     tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
     gate = torch.sigmoid(tau * (ratio - 1.0))
-    pg_losses = _weighted(-advantages * gate * 4.0 / tau, rollout_is_weights)
+    pg_losses = apply_rollout_is_weights(-advantages * gate * 4.0 / tau, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
 
     with torch.no_grad():
         metrics = {
             "actor/pg_clipfrac": 0.0,
-            "actor/ppo_kl": _kl_metric(old_log_prob, log_prob, response_mask),
+            "actor/ppo_kl": ppo_kl(old_log_prob, log_prob, response_mask),
             "actor/pg_clipfrac_lower": 0.0,
             "actor/sapo_gate_weight": masked_mean(4.0 * ratio * gate * (1.0 - gate), response_mask).item(),
         }
