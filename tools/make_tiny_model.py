@@ -1,13 +1,14 @@
 """Build the tiny Qwen2 model and tokenizer used by tests and CPU demos (no download needed).
 
 python tools/make_tiny_model.py --output_dir ~/models/tiny-qwen2 --seed 0
+python tools/make_tiny_model.py --output_dir ~/models/tiny-qwen2-rm --reward_model   # for reward_model.model.path
 """
 
 from __future__ import annotations
 
 import argparse
 
-from verl.demo.tiny_model import build_tiny_model
+from verl.demo.tiny_model import TOKENIZER_VOCAB_SIZE, build_tiny_model
 
 
 def main() -> None:
@@ -26,6 +27,11 @@ def main() -> None:
         default=None,
         help="model embedding rows (default: the tokenizer's size; larger pads like Qwen)",
     )
+    parser.add_argument("--reward_model", action="store_true",
+                        help="save a sequence-classification model with one label (a reward model) instead of a "
+                             "causal LM")
+    parser.add_argument("--tokenizer_vocab_size", type=int, default=TOKENIZER_VOCAB_SIZE,
+                        help="tokens the tokenizer learns; another size gives a tokenizer with other ids")
     args = parser.parse_args()
     path = build_tiny_model(**vars(args))
     print(f"tiny model written to {path}")

@@ -131,3 +131,19 @@ def test_cli(tmp_path, monkeypatch):
     runpy.run_path(script, run_name="__main__")
     model = AutoModelForCausalLM.from_pretrained(str(out))
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
+
+
+def test_reward_model_and_other_tokenizer(tmp_path, monkeypatch, tiny_model_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "make_tiny_model.py")
+    out = tmp_path / "rm"
+    monkeypatch.setattr(sys, "argv", ["make_tiny_model.py", "--output_dir", str(out), "--reward_model",
+                                      "--tokenizer_vocab_size", "512"])
+    runpy.run_path(script, run_name="__main__")
+    model = AutoModelForSequenceClassification.from_pretrained(str(out))
+    assert model.config.num_labels == 1 and not os.path.exists(out / "generation_config.json")
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    assert len(tokenizer) == 512 and tokenizer.get_vocab() != AutoTokenizer.from_pretrained(tiny_model_dir).get_vocab()
+    with torch.no_grad():
+        assert model(input_ids=torch.tensor([tokenizer.encode("2 + 3")])).logits.shape == (1, 1)

@@ -8,8 +8,9 @@ vocabulary and merges, tokenizes exactly like the trained tokenizer. It speaks C
     <|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n
 
 `<|endoftext|>` is the pad (and bos) token and `<|im_end|>` ends a turn (eos). The model is a randomly
-initialised `Qwen2ForCausalLM` in float32 with tied embeddings. Both depend only on the arguments: two builds with
-the same seed give byte-identical files.
+initialised `Qwen2ForCausalLM` in float32 with tied embeddings, or with `reward_model=True` a
+`Qwen2ForSequenceClassification` with one label (a reward model: one score per sequence). Both depend only on the
+arguments: two builds with the same seed give byte-identical files.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import os
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+)
 
 from verl.demo.arithmetic import make_arithmetic_rows, sft_text
 
@@ -120,13 +127,19 @@ def build_tiny_model(
     intermediate_size: int = 128,
     max_position_embeddings: int = 1024,
     vocab_size: int | None = None,
+    reward_model: bool = False,
+    tokenizer_vocab_size: int = TOKENIZER_VOCAB_SIZE,
 ) -> str:
     """Save a tiny Qwen2 model, its tokenizer and generation config to `output_dir`; returns `output_dir`.
 
     `vocab_size` is the model's embedding size; None uses the tokenizer's size. A larger value pads the embedding
     with rows no token maps to, as real Qwen checkpoints do (151936 rows for about 151665 tokens).
+    `reward_model`: save a sequence-classification model with one label (`AutoModelForSequenceClassification`, the
+    model `reward_model.model.path` names) instead of a causal LM; no generation config.
+    `tokenizer_vocab_size`: tokens the BPE tokenizer learns; another size gives another tokenizer (other ids for
+    the same text), e.g. a reward model that does not read the policy's tokens.
     """
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(tokenizer_vocab_size)
     n_tokens = len(tokenizer)
     if vocab_size is None:
         vocab_size = n_tokens
@@ -142,16 +155,20 @@ def build_tiny_model(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=not reward_model,
         bos_token_id=pad_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
         dtype="float32",
     )
+    if reward_model:
+        config.num_labels = 1
     with torch.random.fork_rng(devices=[]):  # leave the caller's random state untouched
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
+        model_cls = Qwen2ForSequenceClassification if reward_model else Qwen2ForCausalLM
+        model = model_cls(config).to(torch.float32)
+    if not reward_model:
+        model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id)
     tokenizer.model_max_length = max_position_embeddings
     model.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)

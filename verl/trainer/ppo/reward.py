@@ -79,7 +79,9 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: 
     `max_resp_len` (data.max_response_length), `overlong_buffer_cfg` (reward_model.overlong_buffer), which the
     dapo manager uses and the others ignore, `timeout_s` (`grading_timeout_s`), used when grading in workers, and
     the manager's own settings: `manager_cls.config_kwargs(config)` when the class has it (e.g. the prob manager's
-    `reward_model` keys and data.max_prompt_length).
+    `reward_model` keys and data.max_prompt_length). With reward_model.enable and custom_reward_function.path both
+    set, `rm_score_in_extra_info=True`: the custom function grades and reads the reward model's score from extra_info
+    (verl/workers/reward_manager/naive.py).
     """
     reward_model = _section(config, "reward_model")
     name = reward_model.get("reward_manager") or "naive"
@@ -91,6 +93,8 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: 
                 "overlong_buffer_cfg": reward_model.get("overlong_buffer"), "timeout_s": grading_timeout_s(config)}
     if hasattr(manager_cls, "config_kwargs"):
         defaults.update(manager_cls.config_kwargs(config))
+    if reward_model.get("enable") and _section(config, "custom_reward_function").get("path"):
+        defaults["rm_score_in_extra_info"] = True
     manager_kwargs = {**defaults, **kwargs, **dict(reward_model.get("reward_kwargs") or {})}
     return manager_cls(
         tokenizer=tokenizer,

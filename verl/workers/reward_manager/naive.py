@@ -3,6 +3,12 @@
 A manager decodes the batch into samples, grades them (`score_samples`, which subclasses replace: the pool manager
 grades in parallel worker processes), puts each score on the response's last valid token and, when
 `reward_model.overlong_buffer.enable`, adds DAPO's overlong penalty — so the penalty composes with every manager.
+
+A batch that carries a reward model's `rm_scores` (reward_model.enable; verl/workers/reward_model_worker.py) is not
+graded by rule: its RM scores are the reward, as in verl's managers (`model_reward`). With `rm_score_in_extra_info`
+(set by `load_reward_manager` when custom_reward_function.path is set) the custom function grades instead, reading
+each row's RM score as extra_info["rm_score"], as in verl 0.9's reward loop, where the custom function is called in
+place of the RM and may query it; return e.g. its rule score plus the RM's to combine the two.
 """
 
 from __future__ import annotations
@@ -79,14 +85,19 @@ class OverlongBuffer:
                    bool(option(cfg, "log", OVERLONG)))
 
 
+def mean_by_source(sources: list[str], scores: list[float]) -> dict[str, float]:
+    """`reward/<data source>/mean` of one scoring call."""
+    sources = np.array(sources, dtype=object)
+    return {f"reward/{source}/mean": float(np.mean(np.array(scores)[sources == source]))
+            for source in sorted(set(sources.tolist()))}
+
+
 def grading_metrics(samples: list[dict[str, Any]], scores: list[float], reward_extra_info: dict[str, list],
                     seconds: float) -> dict[str, float]:
     """Metrics of one scoring call: mean score per data source, grading seconds per sample and, when scorers report
     a `reward_status` ("ok", "no_code", "timeout", "error", ...), the fraction of samples with each status."""
     metrics = {"timing_s/reward_per_sample": seconds / max(len(samples), 1)}
-    sources = np.array([sample["data_source"] for sample in samples], dtype=object)
-    for source in sorted(set(sources.tolist())):
-        metrics[f"reward/{source}/mean"] = float(np.mean(np.array(scores)[sources == source]))
+    metrics.update(mean_by_source([sample["data_source"] for sample in samples], scores))
     statuses = [status for status in reward_extra_info.get("reward_status", []) if status is not None]
     for status in sorted(set(statuses)):
         metrics[f"reward/status/{status}"] = statuses.count(status) / len(samples)
@@ -101,7 +112,8 @@ class NaiveRewardManager:
     "score" entry whose other entries are collected per row into `reward_extra_info` (logged by the trainer).
     With `overlong_buffer_cfg` enabled the overlong penalty is added on the same token (and, with its `log`,
     the rows gain `overlong_reward` and `overlong`). With `num_workers` > 0 (`reward_model.reward_kwargs`) samples
-    are graded in that many worker processes, each under `timeout_s`; see `score_samples`.
+    are graded in that many worker processes, each under `timeout_s`; see `score_samples`. A batch with `rm_scores`:
+    see the module docstring (`rm_score_in_extra_info`); the rows gain the column `rm_score`.
     """
 
     # reward_model.<key> entries that `load_reward_manager` passes to the constructor as keyword arguments of the
@@ -125,6 +137,7 @@ class NaiveRewardManager:
         overlong_buffer_cfg: Any = None,
         num_workers: int = 0,
         timeout_s: float = GRADING_TIMEOUT_S,
+        rm_score_in_extra_info: bool = False,
         **kwargs: Any,
     ):
         self.tokenizer = tokenizer
@@ -132,6 +145,7 @@ class NaiveRewardManager:
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = option({"reward_fn_key": reward_fn_key}, "reward_fn_key", "data")
         self.overlong = OverlongBuffer.from_config(overlong_buffer_cfg, max_resp_len)
+        self.rm_score_in_extra_info = rm_score_in_extra_info
         self.pool = None
         if num_workers:
             self.pool = TimedProcessPool(self.compute_score, num_workers=num_workers, timeout_s=timeout_s)
@@ -158,7 +172,8 @@ class NaiveRewardManager:
     # ------------------------------------------------------------------------------------------- call
     # ------------------------------------------------------------------------------------------- call
     def decode(self, data: DataProto) -> list[dict[str, Any]]:
-        """One `compute_score` keyword dict per row: data_source, solution_str, ground_truth, extra_info."""
+        """One `compute_score` keyword dict per row: data_source, solution_str, ground_truth, extra_info (with the
+        row's reward-model score as "rm_score" when the batch has `rm_scores`)."""
         non_tensors = data.non_tensor_batch
         if self.reward_fn_key not in non_tensors:
             raise KeyError(
@@ -167,9 +182,12 @@ class NaiveRewardManager:
             )
         prompt_len = data.batch["prompts"].shape[-1]
         response_mask = data.batch["attention_mask"][:, prompt_len:].bool()
+        rm_scores = data.batch["rm_scores"].sum(-1).tolist() if "rm_scores" in data.batch.keys() else None
         samples = []
         for i, (ids, mask) in enumerate(zip(data.batch["responses"], response_mask)):
             extra_info = non_tensors["extra_info"][i] if "extra_info" in non_tensors else None
+            if rm_scores is not None:  # a copy: the batch's own dict stays as the dataset gave it
+                extra_info = {**(extra_info or {}), "rm_score": rm_scores[i]}
             samples.append({
                 "data_source": non_tensors[self.reward_fn_key][i],
                 "solution_str": self.tokenizer.decode(ids[mask].tolist(), skip_special_tokens=True),
@@ -180,6 +198,8 @@ class NaiveRewardManager:
 
     def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
         """`(bs, response_len)` float32 scores, or {"reward_tensor", "reward_extra_info", "reward_metrics"}."""
+        if "rm_scores" in data.batch.keys() and not self.rm_score_in_extra_info:
+            return self.model_reward(data, return_dict)
         samples = self.decode(data)
         start = time.perf_counter()
         results = self.score_samples(samples)
@@ -194,6 +214,8 @@ class NaiveRewardManager:
         # Every extra column gets a value per row (None where a row's compute_score did not return that key).
         keys = list(dict.fromkeys(key for row in rows for key in row if key != "score"))
         reward_extra_info = {key: [row.get(key) for row in rows] for key in keys}
+        if "rm_scores" in data.batch.keys():
+            reward_extra_info["rm_score"] = [sample["extra_info"]["rm_score"] for sample in samples]
         reward_tensor = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
         reward_tensor[torch.arange(len(rows)), last] = torch.tensor(scores, dtype=torch.float32)
         self.add_extra_info(scores, reward_extra_info)
@@ -204,6 +226,22 @@ class NaiveRewardManager:
             return reward_tensor
         return {"reward_tensor": reward_tensor, "reward_extra_info": reward_extra_info,
                 "reward_metrics": grading_metrics(samples, scores, reward_extra_info, seconds)}
+
+    def model_reward(self, data: DataProto, return_dict: bool) -> torch.Tensor | dict[str, Any]:
+        """The batch's `rm_scores` as the reward, no rule graded (verl's managers do the same), plus the overlong
+        penalty when enabled; the per-row RM score in the column `rm_score`."""
+        reward_tensor = data.batch["rm_scores"].float().clone()
+        scores = reward_tensor.sum(-1).tolist()
+        reward_extra_info = {"rm_score": list(scores)}
+        self.add_extra_info(scores, reward_extra_info)
+        if self.overlong is not None:
+            response_mask = data.batch["attention_mask"][:, data.batch["prompts"].shape[-1] :]
+            self.apply_overlong_penalty(response_mask, reward_tensor, reward_extra_info)
+        if not return_dict:
+            return reward_tensor
+        sources = data.non_tensor_batch.get(self.reward_fn_key)
+        metrics = mean_by_source(sources.tolist(), scores) if sources is not None else {}
+        return {"reward_tensor": reward_tensor, "reward_extra_info": reward_extra_info, "reward_metrics": metrics}
 
     def add_extra_info(self, scores: list[float], reward_extra_info: dict[str, list]) -> None:
         """Per-row columns a manager adds beyond what compute_score returned (none here; see the dapo manager)."""
