@@ -1,6 +1,6 @@
-"""verl's example scripts run unchanged but for paths, sizes and hardware: two GRPO examples (one with LoRA) and the
-DAPO recipe through its own entry point, 2 steps each on the tiny model and 2 CPU ranks. Keys with no meaning here
-are announced, one line each."""
+"""verl's example scripts run unchanged but for paths, sizes and hardware: two GRPO examples (one with LoRA), PPO with
+a critic, and the DAPO recipe through its own entry point, 2 steps each on the tiny model and 2 CPU ranks. Keys with
+no meaning here are announced, one line each."""
 
 import json
 import math
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from e2e_utils import DIGIT_REWARD
 from seed_commands import command
-from verl_examples import DAPO_QWEN2_5_32B, GRPO_QWEN2_5_3B_LORA, GRPO_QWEN2_7B
+from verl_examples import DAPO_QWEN2_5_32B, GRPO_QWEN2_5_3B_LORA, GRPO_QWEN2_7B, PPO_DEEPSEEK_7B
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +34,7 @@ def changes(data, out, model_dir, **more):
     """What a user changes: paths, sizes (2 steps of 4 prompts) and hardware (2 CPU ranks, the HF engine)."""
     return {"TRAIN_FILE": data / "train.parquet", "TEST_FILE": data / "test.parquet", "MODEL_PATH": model_dir,
             "CKPTS_DIR": out, "TRAIN_BATCH_SIZE": 4, "GEN_BATCH_SIZE": 4, "MINI_BATCH_SIZE": 4,
-            "MICRO_BATCH_SIZE": 4, "MAX_PROMPT_LENGTH": 64, "MAX_RESPONSE_LENGTH": 16, "MAX_TOKENS": 80,
+            "MICRO_BATCH_SIZE": 4, "CRITIC_MICRO_BATCH_SIZE": 4, "MAX_PROMPT_LENGTH": 64, "MAX_RESPONSE_LENGTH": 16, "MAX_TOKENS": 80,
             "OVERLONG_BUFFER_LEN": 4, "N": 4, "TP": 2, "ROLLOUT_NAME": "hf", "N_GPUS": 2, "TOTAL_EPOCHS": 1,
             "LORA_RANK": 8, **more}
 
@@ -62,6 +62,15 @@ def test_verl_grpo_examples(example, ray_session, tiny_model_dir, small_data, tm
     printed = capsys.readouterr().out
     if example == "grpo_qwen2_5_3b_lora":
         assert printed.count("actor_rollout_ref.rollout.layered_summon=true is accepted for verl scripts") == 1
+
+
+def test_verl_ppo_example_trains_a_critic(ray_session, tiny_model_dir, small_data, tmp_path, offline):
+    from verl.trainer.main_ppo import main
+
+    out = tmp_path / "ppo"
+    history = train(main, command(PPO_DEEPSEEK_7B, changes(small_data, out, tiny_model_dir)), out)
+    assert all(math.isfinite(m["critic/vf_loss"]) and "critic/values/mean" in m for m in history)
+    assert (out / "global_step_2" / "critic" / "fsdp_config.json").exists()  # the last step is saved
 
 
 def test_verl_dapo_recipe(ray_session, tiny_model_dir, small_data, tmp_path, offline, capsys):

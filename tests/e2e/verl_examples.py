@@ -1,6 +1,7 @@
 """The overrides of verl's example launch scripts (examples/grpo_trainer/run_qwen2-7b.sh,
-examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh, recipe/dapo/run_dapo_qwen2.5_32b.sh), as a user runs
-them. `{NAME}` marks what a user changes: paths, sizes and hardware."""
+examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh, recipe/dapo/run_dapo_qwen2.5_32b.sh,
+examples/ppo_trainer/run_deepseek7b_llm.sh), as a user runs them. `{NAME}` marks what a user changes: paths, sizes
+and hardware."""
 
 # The actor and rollout settings both GSM8K GRPO examples share.
 _GSM8K_GRPO_ACTOR_ROLLOUT = [
@@ -43,6 +44,28 @@ GRPO_QWEN2_5_3B_LORA = [
     "trainer.critic_warmup=0", 'trainer.logger=["console","wandb"]', "trainer.project_name='verl_grpo_example_gsm8k'",
     "trainer.experiment_name='qwen2.5_3b_grpo_lora'", "trainer.n_gpus_per_node={N_GPUS}", "trainer.nnodes=1",
     "trainer.save_freq=20", "trainer.test_freq=5", "trainer.total_epochs={TOTAL_EPOCHS}",
+    "trainer.default_local_dir={CKPTS_DIR}",
+]
+
+# PPO with a critic (GAE) of verl 0.5-0.9; the critic's model is the actor's.
+PPO_DEEPSEEK_7B = [
+    "algorithm.adv_estimator=gae", "data.train_files={TRAIN_FILE}", "data.val_files={TEST_FILE}",
+    "data.train_batch_size={TRAIN_BATCH_SIZE}", "data.max_prompt_length={MAX_PROMPT_LENGTH}",
+    "data.max_response_length={MAX_RESPONSE_LENGTH}", "data.filter_overlong_prompts=True", "data.truncation='error'",
+    "actor_rollout_ref.model.path={MODEL_PATH}", "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.ppo_mini_batch_size={MINI_BATCH_SIZE}",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size={TP}", "actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4", "critic.optim.lr=1e-5", "critic.model.use_remove_padding=True",
+    "critic.model.path={MODEL_PATH}", "critic.model.enable_gradient_checkpointing=True",
+    "critic.ppo_micro_batch_size_per_gpu={CRITIC_MICRO_BATCH_SIZE}", "critic.model.fsdp_config.param_offload=False",
+    "critic.model.fsdp_config.optimizer_offload=False", "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0",
+    'trainer.logger=["console","wandb"]', "trainer.project_name='verl_example_gsm8k'",
+    "trainer.experiment_name='deepseek_llm_7b_function_rm'", "trainer.n_gpus_per_node={N_GPUS}", "trainer.nnodes=1",
+    "trainer.save_freq=20", "trainer.test_freq=1", "trainer.total_epochs={TOTAL_EPOCHS}",
     "trainer.default_local_dir={CKPTS_DIR}",
 ]
 

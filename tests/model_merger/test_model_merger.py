@@ -31,13 +31,15 @@ def hf_state_dict(hf_dir):
     return AutoModelForCausalLM.from_pretrained(hf_dir).state_dict()  # with lm_head.weight, as model.state_dict() has
 
 
-def write_checkpoint(hf_dir, actor_dir, world_size, *, drop=(), extra=None, replicate=("model.norm.weight",)):
-    """The actor half of a checkpoint as the layout in docs/internal_contracts.md describes it.
+def write_checkpoint(hf_dir, actor_dir, world_size, *, drop=(), extra=None, replicate=("model.norm.weight",),
+                     state=None):
+    """The actor half of a checkpoint as the layout in docs/internal_contracts.md describes it (of the causal LM in
+    `hf_dir`, or of `state`).
 
     Every tensor is split along dim 0 like FSDP2 does (torch.chunk, with empty shards for the ranks past the last
     chunk) except the `replicate` ones, which every rank holds in full.
     """
-    state = {name: t for name, t in hf_state_dict(hf_dir).items() if name not in drop} | (extra or {})
+    state = {name: t for name, t in (state or hf_state_dict(hf_dir)).items() if name not in drop} | (extra or {})
     os.makedirs(os.path.join(actor_dir, "huggingface"))
     for rank in range(world_size):
         tensors = {}
@@ -228,3 +230,21 @@ def test_cli_subprocess(run_dir, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(os.listdir(tmp_path / "out"))
+
+
+def test_a_critic_checkpoint_merges_into_a_token_classifier(tmp_path, tiny_model_dir):
+    """A critic's shards (a value head on the actor's body) become a model AutoModelForTokenClassification loads,
+    with the same values."""
+    from transformers import AutoModelForTokenClassification
+
+    torch.manual_seed(0)
+    value_model = AutoModelForTokenClassification.from_pretrained(tiny_model_dir, num_labels=1).eval()
+    value_model.save_pretrained(tmp_path / "value_model")
+    critic = write_checkpoint(str(tmp_path / "value_model"), str(tmp_path / "critic"), 2,
+                              state=value_model.state_dict())
+    out = merge_checkpoint(critic, str(tmp_path / "merged"))
+    merged = AutoModelForTokenClassification.from_pretrained(out).eval()
+    assert type(merged).__name__ == "Qwen2ForTokenClassification" and merged.config.num_labels == 1
+    with torch.no_grad():
+        torch.testing.assert_close(merged(INPUT_IDS).logits, value_model(INPUT_IDS).logits, rtol=0, atol=0)
+    assert main(["test", "--local_dir", critic, "--test_hf_dir", str(tmp_path / "value_model")]) == 0

@@ -43,7 +43,8 @@ def test_main_ppo_trains_from_a_hub_id(offline_cache):
     from verl.trainer.main_ppo import resolve_model_paths
     from verl.trainer.ppo.config_rules import validate_ppo_config
 
-    config = load_config(overrides=["actor_rollout_ref.model.path=quiver-test/tiny"])
+    config = load_config(overrides=["actor_rollout_ref.model.path=quiver-test/tiny", "algorithm.adv_estimator=gae",
+                                    "critic.model.path=quiver-test/tiny"])
     resolve_model_paths(config)
-    assert config.actor_rollout_ref.model.path == str(offline_cache)
+    assert config.actor_rollout_ref.model.path == config.critic.model.path == str(offline_cache)
     validate_ppo_config(config)

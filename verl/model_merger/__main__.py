@@ -1,4 +1,5 @@
-"""Merge an FSDP actor checkpoint into a HuggingFace model directory, or check a merge against a reference model.
+"""Merge an FSDP actor or critic checkpoint into a HuggingFace model directory, or check a merge against a reference
+model. A critic (global_step_N/critic) becomes an AutoModelForTokenClassification with one label.
 
 python -m verl.model_merger merge --backend fsdp --local_dir ckpts/global_step_100/actor --target_dir out/
 python -m verl.model_merger test --backend fsdp --local_dir ckpts/global_step_100/actor --test_hf_dir ref/
@@ -21,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     test = commands.add_parser("test", help="compare the merged weights with the HF model in --test_hf_dir")
     for sub in (merge, test):
         sub.add_argument("--backend", default="fsdp", help="checkpoint kind; only 'fsdp' is supported")
-        sub.add_argument("--local_dir", required=True, help="<default_local_dir>/global_step_N/actor")
+        sub.add_argument("--local_dir", required=True, help="<default_local_dir>/global_step_N/actor (or critic)")
         sub.add_argument(
             "--tie-word-embedding",
             action="store_true",

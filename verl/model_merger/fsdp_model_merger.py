@@ -1,9 +1,11 @@
-"""Merge an FSDP actor checkpoint into one HuggingFace model directory, on CPU and without torch.distributed.
+"""Merge an FSDP actor or critic checkpoint into one HuggingFace model directory, on CPU and without
+torch.distributed.
 
 Each `model_world_size_W_rank_r.pt` holds rank r's local shard of every tensor (the layout is in
 docs/internal_contracts.md). A sharded tensor is the concatenation of the ranks' shards along its shard dim, in rank
 order; a replicated tensor is rank 0's copy. The merged state dict is loaded into a model built from
-`huggingface/config.json` and saved with `save_pretrained`, next to the tokenizer and generation config.
+`huggingface/config.json` and saved with `save_pretrained`, next to the tokenizer and generation config. An actor
+becomes an AutoModelForCausalLM, a critic (a value head on the same body) an AutoModelForTokenClassification.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def _not_an_actor_dir(local_dir: str) -> CheckpointError:
         )
     return CheckpointError(
         f"no model_world_size_*_rank_*.pt files and no fsdp_config.json in {local_dir}; "
-        "--local_dir must be <default_local_dir>/global_step_N/actor"
+        "--local_dir must be <default_local_dir>/global_step_N/actor (or .../critic)"
     )
 
 
@@ -125,19 +127,31 @@ def merge_shards(shards: list[dict]) -> dict[str, torch.Tensor]:
     return merged
 
 
+def auto_model_class(config):
+    """The transformers Auto class of a saved config: AutoModelForTokenClassification for a critic's value model
+    (architectures *ForTokenClassification), AutoModelForCausalLM otherwise."""
+    import transformers
+
+    architectures = getattr(config, "architectures", None) or []
+    if any(name.endswith("ForTokenClassification") for name in architectures):
+        return transformers.AutoModelForTokenClassification
+    return transformers.AutoModelForCausalLM
+
+
 def build_hf_model(hf_dir: str, state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.nn.Module:
     """A model from `hf_dir`'s config holding exactly `state_dict` (tied weights may appear once or twice)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config_path = os.path.join(hf_dir, "config.json")
     if not os.path.exists(config_path):
         raise CheckpointError(
-            f"{config_path} not found; the merger needs the HF config that the trainer saves in <actor>/huggingface/"
+            f"{config_path} not found; the merger needs the HF config that the trainer saves in "
+            "<actor or critic>/huggingface/"
         )
     config = AutoConfig.from_pretrained(hf_dir)
     config.dtype = dtype
     with torch.device("meta"):  # no memory for the random init; every tensor is replaced below
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = auto_model_class(config).from_config(config, dtype=dtype)
     result = model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=False, assign=True)
     model.tie_weights()  # re-tie (e.g. lm_head to embed_tokens) after assign=True replaced the parameters
     missing = [name for name, t in model.state_dict().items() if t.is_meta]
@@ -207,10 +221,11 @@ def merge_checkpoint(local_dir: str, target_dir: str, dtype: str | None = None, 
 
 def compare_with_hf(local_dir: str, test_hf_dir: str, atol: float = 1e-6) -> tuple[bool, list[str]]:
     """(match, report lines): max abs difference per tensor between the merged checkpoint and an HF model."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     merged = merged_model(local_dir).state_dict()
-    reference = AutoModelForCausalLM.from_pretrained(test_hf_dir, dtype="auto").state_dict()
+    reference_class = auto_model_class(AutoConfig.from_pretrained(test_hf_dir))
+    reference = reference_class.from_pretrained(test_hf_dir, dtype="auto").state_dict()
     lines, ok = [], True
     for name in sorted(set(merged) | set(reference)):
         if name not in merged or name not in reference:

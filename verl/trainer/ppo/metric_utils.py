@@ -23,7 +23,8 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 
 def compute_data_metrics(batch: DataProto) -> dict[str, float]:
-    """Reward, advantage, length and entropy statistics of one training batch.
+    """Reward, advantage, length and entropy statistics of one training batch (with a critic, also its values and
+    the returns it regresses on).
 
     `critic/accuracy` is the fraction of responses whose score is at least 1 (a fully correct answer under the
     rule scorers); when the scorer returns an `acc` field, that is used instead.
@@ -41,6 +42,8 @@ def compute_data_metrics(batch: DataProto) -> dict[str, float]:
     metrics["critic/score/std"] = scores.float().std().item() if len(scores) > 1 else 0.0
     metrics.update(_stats("critic/rewards", rewards))
     metrics.update(_stats("critic/advantages", valid_adv if valid_adv.numel() else torch.zeros(1)))
+    if "values" in batch.batch:
+        metrics.update(_value_metrics(batch.batch["values"][response_mask], batch.batch["returns"][response_mask]))
     if "acc" in batch.non_tensor_batch:
         metrics["critic/accuracy"] = float(np.mean(batch.non_tensor_batch["acc"].astype(float)))
     else:
@@ -56,6 +59,17 @@ def compute_data_metrics(batch: DataProto) -> dict[str, float]:
         diff = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()[response_mask]
         metrics["training/rollout_actor_logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
         metrics["training/rollout_actor_logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
+    return metrics
+
+
+def _value_metrics(values: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+    """The critic's values and returns over valid tokens, and the share of the returns' variance the values
+    explain, 1 - Var(R - V) / Var(R) (1: a perfect critic; <= 0: no better than a constant)."""
+    if not values.numel():
+        values = returns = torch.zeros(1)
+    metrics = {**_stats("critic/values", values), **_stats("critic/returns", returns)}
+    metrics["critic/vf_explained_var"] = (1 - (returns - values).var(unbiased=False)
+                                          / (returns.var(unbiased=False) + 1e-5)).item()
     return metrics
 
 

@@ -1,0 +1,1 @@
+"""The critic: a value model trained on the returns of the advantage estimator (GAE)."""

@@ -1,0 +1,127 @@
+"""The data-parallel critic: values of the responses' tokens, and the value-function update.
+
+One instance lives in each FSDP rank and sees only that rank's share of the batch; FSDP averages gradients across
+ranks. As in the actor, the loss of a mini-batch is accumulated over micro-batches with the actor's weights
+(`micro_batch_weights`), which make the gradient that of the loss aggregated over the whole mini-batch of every rank.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from verl.algorithms.critic_loss import compute_value_loss
+from verl.protocol import DataProto
+from verl.utils.config import option
+from verl.utils.fsdp_utils import clip_grad_and_step, reshard_all
+from verl.utils.packing import cut_shared_left_padding, pack_rows
+from verl.utils.seqlen_balancing import get_reverse_idx
+from verl.utils.torch_functional import masked_mean
+from verl.workers.actor.dp_actor import VARLEN_ATTENTION, micro_batch_weights, pack_first_fit, split_micro_batches
+
+CRITIC = "critic"
+FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
+
+
+class DataParallelPPOCritic:
+    """Computes values and updates the value model of one FSDP rank.
+
+    `config` is the `critic` node, with `ppo_mini_batch_size` already turned into sequences per rank by the worker
+    (prompts * rollout_n / ranks) and the deprecated global micro-batch sizes into per-rank ones.
+    `critic_module` is a Hugging Face token-classification model with one label (a scalar value head).
+    """
+
+    def __init__(self, config, critic_module: torch.nn.Module, critic_optimizer: torch.optim.Optimizer | None = None,
+                 use_remove_padding: bool = False):
+        self.config = config
+        self.critic_module = critic_module
+        self.critic_optimizer = critic_optimizer
+        self.use_remove_padding = use_remove_padding
+        # verl's critic.grad_clip wins over optim.clip_grad when set.
+        grad_clip = option(config, "grad_clip", CRITIC)
+        self.max_grad_norm = grad_clip if grad_clip is not None else option(config.get("optim"), "clip_grad",
+                                                                              f"{CRITIC}.optim")
+        self.varlen_attention = getattr(critic_module.config, "_attn_implementation", None) in VARLEN_ATTENTION
+        self.filler_token_id = getattr(critic_module.config, "pad_token_id", None) or 0
+
+    # ----------------------------------------------------------------------------------------------- forward
+    def _forward_micro_batch(self, micro_batch) -> torch.Tensor:
+        """Values `(batch, response_len)` of the response tokens, 0 on padding.
+
+        The value of response token t is the value head's output at the position before it, i.e. on the state
+        (prompt + tokens < t) from which the policy emitted t; verl takes the same slice, positions
+        -response_len-1 .. -2 of the sequence. With `use_remove_padding` the real tokens go through the model packed
+        into rows (verl/utils/packing.py).
+        """
+        response_mask = micro_batch["response_mask"]
+        response_length = response_mask.shape[-1]
+        input_ids, attention_mask, position_ids = cut_shared_left_padding(
+            micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"], response_length)
+        if not self.use_remove_padding:
+            output = self.critic_module(input_ids=input_ids, attention_mask=attention_mask,
+                                        position_ids=position_ids, use_cache=False)
+            return output.logits[:, -response_length - 1 : -1, 0] * response_mask
+
+        batch, length = attention_mask.shape
+        real = attention_mask.bool()
+        lengths = real.sum(dim=1).tolist()
+        capacity = sum(lengths) if self.varlen_attention else length
+        packed_ids, packed_positions, destination = pack_rows(input_ids, real, position_ids,
+                                                              pack_first_fit(lengths, capacity), self.filler_token_id)
+        output = self.critic_module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None,
+                                    use_cache=False)
+        scored = real[:, length - response_length :]  # response positions holding a token
+        before = destination[:, length - response_length - 1 : length - 1][scored]
+        values = output.logits[..., 0].flatten()[before]
+        return torch.zeros(batch, response_length, dtype=values.dtype, device=values.device).masked_scatter(
+            scored, values)
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> torch.Tensor:
+        """Values `(batch, response_len)` of `responses` under the current weights, 0 outside `response_mask`; no
+        gradient. Micro-batches of `forward_micro_batch_size_per_gpu` sequences, or of at most
+        `forward_max_token_len_per_gpu` tokens with `use_dynamic_bsz`."""
+        cfg = self.config
+        self.critic_module.eval()
+        max_token_len = cfg.forward_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
+        batch = data.select(batch_keys=FORWARD_KEYS).batch
+        micro_batches, index_map = split_micro_batches(batch, cfg.forward_micro_batch_size_per_gpu, max_token_len)
+        values = torch.cat([self._forward_micro_batch(micro_batch) for micro_batch in micro_batches])
+        reshard_all(self.critic_module)  # with reshard_after_forward=false, no backward pass would free them
+        if index_map is not None:
+            values = values[torch.tensor(get_reverse_idx(index_map), dtype=torch.long)]
+        return values * data.batch["response_mask"]
+
+    # ------------------------------------------------------------------------------------------------ update
+    def update_critic(self, data: DataProto) -> dict[str, list[float]]:
+        """`ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` sequences, one optimizer step each, of
+        the clipped value loss (verl/algorithms/critic_loss.py) against `returns`, clipped around `values`.
+
+        Returns metrics as lists (one entry per micro-batch or per optimizer step).
+        """
+        cfg = self.config
+        self.critic_module.train()
+        batch = data.select(batch_keys=FORWARD_KEYS + ["values", "returns"]).batch
+        max_token_len = cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
+        metrics = defaultdict(list)
+        for epoch in range(cfg.ppo_epochs):
+            if cfg.shuffle:
+                generator = torch.Generator().manual_seed(epoch)
+                batch = batch[torch.randperm(batch.batch_size[0], generator=generator)]
+            for mini_batch in batch.split(cfg.ppo_mini_batch_size):
+                micro_batches, _ = split_micro_batches(mini_batch, cfg.ppo_micro_batch_size_per_gpu, max_token_len)
+                weights = micro_batch_weights(mini_batch, micro_batches, cfg.loss_agg_mode)
+                for micro_batch, weight in zip(micro_batches, weights):
+                    mask = micro_batch["response_mask"]
+                    vpreds = self._forward_micro_batch(micro_batch)
+                    vf_loss, vf_clipfrac = compute_value_loss(
+                        vpreds=vpreds, returns=micro_batch["returns"], values=micro_batch["values"],
+                        response_mask=mask, cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode)
+                    (vf_loss * weight).backward()
+                    metrics["critic/vf_loss"].append(vf_loss.item())
+                    metrics["critic/vf_clipfrac"].append(vf_clipfrac.item())
+                    metrics["critic/vpred_mean"].append(masked_mean(vpreds.detach(), mask).item())
+                metrics["critic/grad_norm"].append(
+                    clip_grad_and_step(self.critic_module, self.critic_optimizer, self.max_grad_norm, who="critic"))
+        return dict(metrics)
