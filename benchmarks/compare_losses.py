@@ -1,13 +1,15 @@
-"""Which policy loss learns the demo task best: vanilla PPO-clip, ASPO, Archer dual-token and AEPO, same budget.
+"""Which policy loss learns the demo task best: vanilla PPO-clip, ASPO, Archer dual-token, AEPO and verl's losses
+(gspo, cispo, geo_mean, clip_cov, kl_cov, gpg, sapo, dppo_tv, dppo_kl, dro), same budget.
 
-    .venv/bin/python benchmarks/compare_losses.py                          # 3 seeds x 4 losses (about 70 min on 2 cores)
+    .venv/bin/python benchmarks/compare_losses.py                          # 3 seeds x 14 losses (about 4 h on 2 cores)
     .venv/bin/python benchmarks/compare_losses.py --seeds 0 --rl-steps 5   # a quick look
+    .venv/bin/python benchmarks/compare_losses.py --losses vanilla dppo_tv dro
 
 For each seed: one tiny model, the arithmetic task and one SFT warm start (as in scripts/quickstart.sh), shared by
 every loss. Then each loss trains GRPO from that SFT model with identical settings and budget (prompts, samples,
-steps, learning rate, seed); only `actor_rollout_ref.actor.policy_loss.loss_mode` (and, for AEPO, its
-entropy-aware advantage) differs. The update is off-policy on purpose (`--mini-batches` updates per batch and
-`--epochs` passes): with a single on-policy update every ratio is 1 and the four losses give the same gradient.
+steps, learning rate, seed); only `actor_rollout_ref.actor.policy_loss.loss_mode` (and the settings its paper's
+recipe changes, listed in LOSSES) differs. The update is off-policy on purpose (`--mini-batches` updates per batch
+and `--epochs` passes): with a single on-policy update every ratio is 1 and most losses give the same gradient.
 
 Reported per loss, as the mean (and min..max) over seeds:
 - held-out greedy accuracy of the final model (merged to HF, scored by `main_generation`; exact answers only);
@@ -38,6 +40,20 @@ LOSSES = {
                f"{ACTOR}.high_entropy_clip_ratio_high=0.5"],
     # AEPO's released scripts turn on both its clipping and its advantage.
     "aepo": [f"{ACTOR}.policy_loss.loss_mode=aepo", f"{ACTOR}.enable_entropy_balanced_advantage=true"],
+    # GSPO clips the sequence ratio far tighter than PPO the token ratio (the paper's 3e-4 / 4e-4).
+    "gspo": [f"{ACTOR}.policy_loss.loss_mode=gspo", f"{ACTOR}.clip_ratio_low=0.0003", f"{ACTOR}.clip_ratio_high=0.0004"],
+    "cispo": [f"{ACTOR}.policy_loss.loss_mode=cispo"],
+    # GMPO clips the log-ratio to [-0.4, 0.4].
+    "geo_mean": [f"{ACTOR}.policy_loss.loss_mode=geo_mean", f"{ACTOR}.clip_ratio_low=0.4",
+                 f"{ACTOR}.clip_ratio_high=0.4"],
+    "clip_cov": [f"{ACTOR}.policy_loss.loss_mode=clip_cov"],
+    "kl_cov": [f"{ACTOR}.policy_loss.loss_mode=kl_cov"],
+    "gpg": [f"{ACTOR}.policy_loss.loss_mode=gpg"],
+    "sapo": [f"{ACTOR}.policy_loss.loss_mode=sapo"],
+    # DPPO: clip_ratio 0.2 is the divergence threshold; the paper truncates the IS weight at a large cap.
+    "dppo_tv": [f"{ACTOR}.policy_loss.loss_mode=dppo_tv", f"{ACTOR}.clip_ratio_c=20.0"],
+    "dppo_kl": [f"{ACTOR}.policy_loss.loss_mode=dppo_kl", f"{ACTOR}.clip_ratio_c=20.0"],
+    "dro": [f"{ACTOR}.policy_loss.loss_mode=dro"],
 }
 RESPONSE_LENGTH = 32
 

@@ -31,3 +31,17 @@ def test_chunks_and_checkpointing_give_the_plain_values_and_gradients(chunk_size
     torch.testing.assert_close(log_prob, plain_lp)
     torch.testing.assert_close(entropy, plain_ent)
     torch.testing.assert_close(grad, plain_grad)
+
+
+def test_sum_pi_squared_by_hand_and_in_chunks():
+    logits = torch.tensor([[0.0, math.log(3.0)]])  # probabilities 1/4, 3/4: 1/16 + 9/16
+    _, entropy, sum_pi_squared = logprobs_and_entropy(logits, torch.tensor([1]), with_sum_pi_squared=True)
+    assert entropy is None and sum_pi_squared.item() == pytest.approx(10 / 16)
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 7, 11), torch.randint(0, 11, (2, 7))
+    expected = (torch.softmax(logits / 0.7, dim=-1) ** 2).sum(dim=-1)
+    log_prob, entropy, sum_pi_squared = logprobs_and_entropy(logits, labels, 0.7, True, chunk_size=3,
+                                                             with_sum_pi_squared=True)
+    torch.testing.assert_close(sum_pi_squared, expected)
+    torch.testing.assert_close(entropy, entropy_from_logits(logits / 0.7))
+    torch.testing.assert_close(log_prob, logprobs_from_logits(logits / 0.7, labels))

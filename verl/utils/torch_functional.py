@@ -56,21 +56,35 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
+def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """sum_v softmax(z)_v^2 of each position, the probability that two samples agree. `(..., vocab)` -> `(...)`."""
+    return torch.exp(2.0 * F.log_softmax(logits.float(), dim=-1)).sum(dim=-1)
+
+
 def logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
                          with_entropy: bool = False, chunk_size: int | None = None,
-                         checkpoint: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         checkpoint: bool = False, *, with_sum_pi_squared: bool = False) -> tuple:
     """log p(label) and (optionally) the entropy of each position of `logits / temperature`.
 
     logits `(..., vocab)` in any dtype, labels `(...)`; returns float32 `(...)` tensors (entropy None unless asked).
-    With `chunk_size`, the positions are taken `chunk_size` at a time, so the float32 copy, the log-softmax and the
-    softmax exist for one chunk only (verl's `entropy_from_logits_with_chunking`). With `checkpoint`, each chunk's
-    log-softmax and softmax are not kept for the backward pass but recomputed there from the chunk's logits (verl's
-    `entropy_checkpointing`). The values are those of the plain computation, row by row.
+    With `with_sum_pi_squared`, a third tensor: sum_v softmax(logits / temperature)_v^2 of each position (what the
+    optimal token baseline weighs tokens by). With `chunk_size`, the positions are taken `chunk_size` at a time, so
+    the float32 copy, the log-softmax and the softmax exist for one chunk only (verl's
+    `entropy_from_logits_with_chunking`). With `checkpoint`, each chunk's log-softmax and softmax are not kept for
+    the backward pass but recomputed there from the chunk's logits (verl's `entropy_checkpointing`). The values are
+    those of the plain computation, row by row.
+
+    Returns:
+        (log_prob, entropy or None), or (log_prob, entropy or None, sum_pi_squared) with `with_sum_pi_squared`.
     """
     def stats(z: torch.Tensor, y: torch.Tensor):
         z = z.float() / temperature
-        log_prob = logprobs_from_logits(z, y)
-        return (log_prob, entropy_from_logits(z)) if with_entropy else (log_prob,)
+        out = [logprobs_from_logits(z, y)]
+        if with_entropy:
+            out.append(entropy_from_logits(z))
+        if with_sum_pi_squared:
+            out.append(sum_pi_squared_from_logits(z))
+        return tuple(out)
 
     shape = labels.shape
     flat_logits, flat_labels = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
@@ -83,9 +97,10 @@ def logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, temperature
             parts.append(torch.utils.checkpoint.checkpoint(stats, z, y, use_reentrant=False))
         else:
             parts.append(stats(z, y))
-    log_prob = torch.cat([p[0] for p in parts]).view(shape)
-    entropy = torch.cat([p[1] for p in parts]).view(shape) if with_entropy else None
-    return log_prob, entropy
+    columns = [torch.cat(column).view(shape) for column in zip(*parts, strict=True)]
+    log_prob = columns.pop(0)
+    entropy = columns.pop(0) if with_entropy else None
+    return (log_prob, entropy, columns.pop(0)) if with_sum_pi_squared else (log_prob, entropy)
 
 
 def get_response_mask(response_ids: torch.Tensor, eos_token_ids: int | list[int], dtype=torch.int64) -> torch.Tensor:

@@ -2,9 +2,12 @@
 
 import copy
 import math
+import socket
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -121,20 +124,22 @@ def test_non_finite_gradient_skips_the_step():
 
 def _spy_on_loss(monkeypatch):
     """Register a vanilla-PPO loss that records what the actor passes it; returns the list of recorded calls."""
-    from verl.trainer.ppo import core_algos
+    from verl.algorithms import registry
+    from verl.algorithms.losses import compute_policy_loss_vanilla
 
     calls = []
 
     def spy(**kwargs):
-        calls.append({k: v for k, v in kwargs.items() if k in ("advantages", "entropy", "response_mask")})
-        return core_algos.compute_policy_loss_vanilla(**kwargs)
+        calls.append({k: v for k, v in kwargs.items()
+                      if k in ("advantages", "entropy", "response_mask", "rollout_is_weights")})
+        return compute_policy_loss_vanilla(**kwargs)
 
-    monkeypatch.setitem(core_algos.POLICY_LOSS_REGISTRY, "spy", spy)
+    monkeypatch.setitem(registry.POLICY_LOSS_REGISTRY, "spy", spy)
     return calls
 
 
 def test_entropy_aware_advantage_reaches_the_loss_with_entropy_coeff_zero(monkeypatch):
-    from verl.trainer.ppo.policy_losses import entropy_aware_advantage
+    from verl.algorithms.losses import entropy_aware_advantage
 
     model = _model()
     data = _batch(model)
@@ -154,8 +159,8 @@ def test_entropy_aware_advantage_reaches_the_loss_with_entropy_coeff_zero(monkey
 
 
 def test_split_kl_loss_weighs_only_low_entropy_tokens():
-    from verl.trainer.ppo.core_algos import kl_penalty
-    from verl.trainer.ppo.policy_losses import split_by_token_entropy
+    from verl.algorithms.kl import kl_penalty
+    from verl.algorithms.losses import split_by_token_entropy
     from verl.utils.torch_functional import entropy_from_logits
 
     model = _model()
@@ -270,3 +275,90 @@ def test_verls_actor_grad_clip_wins_over_optim_clip_grad(grad_clip, expected):
     config.optim.clip_grad = 1.0
     config.grad_clip = grad_clip
     assert DataParallelPPOActor(config, _model()).max_grad_norm == expected
+
+
+def test_rollout_is_weights_reach_the_policy_loss(monkeypatch):
+    model = _model()
+    data = _batch(model)
+    calls = _spy_on_loss(monkeypatch)
+    _update(model, data, policy_loss={"loss_mode": "spy"})
+    assert calls[0]["rollout_is_weights"] is None  # no weights in the batch: none passed
+
+    calls.clear()
+    weights = torch.rand(6, RESPONSE)
+    data.batch["rollout_is_weights"] = weights
+    _update(model, data, policy_loss={"loss_mode": "spy"}, ppo_micro_batch_size_per_gpu=2)
+    torch.testing.assert_close(torch.cat([call["rollout_is_weights"] for call in calls]), weights)
+
+
+def test_zero_rollout_is_weights_give_no_policy_gradient():
+    model = _model()
+    data = _batch(model)
+    data.batch["rollout_is_weights"] = torch.zeros(6, RESPONSE)
+    updated, metrics = _update(model, data)
+    assert metrics["actor/pg_loss"] == [0.0] and metrics["actor/grad_norm"] == [0.0]
+    for p_before, p_after in zip(model.parameters(), updated.parameters()):
+        assert torch.equal(p_before, p_after)
+
+
+# ------------------------------------------------------------------ token-mean over data-parallel ranks
+
+# Rows of _batch per rank: 16 valid response tokens on rank 0 (lengths 6, 6, 4), 6 on rank 1 (1, 3, 2).
+RANK_ROWS = ([0, 3, 4], [1, 2, 5])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _token_mean_rank(rank: int, world: int, port: int, expected: dict[str, torch.Tensor]):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from verl.utils.fsdp_utils import shard_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:  # an assertion error here fails mp.spawn in the parent
+        model = _model()
+        data = _batch(model)
+        sharded = shard_model(model, init_device_mesh("cpu", (world,)), "cpu")
+        actor = DataParallelPPOActor(_config(ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=2), sharded,
+                                     torch.optim.SGD(sharded.parameters(), lr=1.0))
+        actor.update_policy(data.select_idxs(RANK_ROWS[rank]))
+        for name, p in sharded.named_parameters():
+            torch.testing.assert_close(p.full_tensor(), expected[name], atol=1e-5, rtol=1e-4, msg=name)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_token_mean_weighs_every_token_of_every_rank_the_same():
+    """Two ranks with 16 and 6 tokens: the FSDP update equals one rank's update over all 22 tokens (a mean of the
+    per-rank token means would weigh rank 1's tokens 16/6 times more)."""
+    model = _model()
+    reference, _ = _update(model, _batch(model))  # one rank, all 6 rows in one mini-batch
+    expected = {name: p.detach() for name, p in reference.named_parameters()}
+    mp.spawn(_token_mean_rank, args=(2, _free_port(), expected), nprocs=2, join=True)
+
+
+@pytest.mark.parametrize("packed, dynamic", [(False, False), (False, True), (True, False)])
+def test_compute_log_prob_returns_sum_pi_squared(packed, dynamic, monkeypatch):
+    # Against a direct computation from the model's logits at the sampling temperature; chunked, reordered by the
+    # dynamic micro-batches, or unpacked from packed rows (0 on padding there).
+    monkeypatch.setattr("verl.workers.actor.dp_actor.LOGITS_CHUNK", 4)
+    model = _model()
+    data = _batch(model)
+    data.meta_info.update(micro_batch_size=4, use_dynamic_bsz=dynamic, max_token_len=22)
+    actor = DataParallelPPOActor(_config(entropy_from_logits_with_chunking=True), model, use_remove_padding=packed)
+    log_probs, entropy, sum_pi_squared = actor.compute_log_prob(data, calculate_sum_pi_squared=True)
+    assert entropy is None
+    with torch.no_grad():
+        logits = model(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
+                       position_ids=data.batch["position_ids"]).logits[:, PROMPT - 1 : -1] / 0.7
+    expected = (torch.softmax(logits, dim=-1) ** 2).sum(dim=-1)
+    mask = data.batch["response_mask"].bool()
+    torch.testing.assert_close(sum_pi_squared[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(log_probs[mask], logprobs_from_logits(logits, data.batch["responses"])[mask],
+                               atol=1e-5, rtol=1e-5)
+    assert len(actor.compute_log_prob(data)) == 2  # without the flag: (log_probs, entropys) as before

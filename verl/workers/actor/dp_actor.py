@@ -2,7 +2,9 @@
 
 One instance lives in each FSDP rank. It sees only that rank's share of the batch; FSDP averages gradients across
 ranks. The loss of one mini-batch is accumulated over micro-batches so that its gradient equals the gradient of the
-loss aggregated over the whole (per-rank) mini-batch.
+loss aggregated over the whole mini-batch: with token-mean, over the tokens of every rank's share (see
+`micro_batch_weights`). What the loss is (policy loss, advantage transforms, KL term) is the actor objective of
+`verl/algorithms/losses/base.py`, built from the actor config.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import inspect
 from collections import defaultdict
 
 import torch
+import torch.distributed as dist
 
+from verl.algorithms import build_actor_objective
+from verl.algorithms.kl import kl_penalty
+from verl.algorithms.primitives import compute_entropy_loss
 from verl.protocol import DataProto
-from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.policy_losses import entropy_aware_advantage, split_by_token_entropy, split_kl_loss
 from verl.utils.config import option
 from verl.utils.fsdp_utils import clip_grad_and_step, reshard_all
 from verl.utils.seqlen_balancing import get_reverse_idx, rearrange_micro_batches
@@ -57,6 +61,32 @@ def pack_first_fit(lengths: list[int], capacity: int) -> list[list[int]]:
             bins.append([index])
             room.append(capacity - lengths[index])
     return [sorted(members) for members in bins]
+
+
+def micro_batch_weights(mini_batch, micro_batches, loss_agg_mode: str) -> list[torch.Tensor | float]:
+    """The factor of each micro-batch's loss such that the summed gradients are those of the mini-batch's loss.
+
+    token-mean promises every token the same weight across all data-parallel ranks, and FSDP divides the sum of the
+    ranks' gradients by the number of ranks W. So the token count is the mini-batch's over every rank, T (one
+    all-reduce over the default process group, FSDP's mesh, when torch.distributed runs with W > 1):
+
+        token-mean   w_j = n_j * W / T        n_j = valid tokens of micro-batch j on this rank
+                     (1/W) sum_ranks sum_j w_j mean_j(l) = sum over every rank's tokens of l / T
+        seq-mean-*   w_j = B_j / B             sequences of micro-batch j over those of this rank's mini-batch
+                     (every rank holds as many sequences, so FSDP's average is already the global mean)
+
+    Every rank must call this for every mini-batch (the all-reduce is a collective).
+    """
+    if loss_agg_mode != "token-mean":
+        return [micro.batch_size[0] / mini_batch.batch_size[0] for micro in micro_batches]
+    tokens = mini_batch["response_mask"].sum()
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world > 1:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else tokens.device
+        tokens = tokens.to(device)
+        dist.all_reduce(tokens)
+    tokens = tokens.clamp(min=1)
+    return [micro["response_mask"].sum() * world / tokens.to(micro["response_mask"].device) for micro in micro_batches]
 
 
 @contextlib.contextmanager
@@ -109,8 +139,10 @@ class DataParallelPPOActor:
         self.filler_token_id = getattr(hf_model.config, "pad_token_id", None) or 0
 
     # ----------------------------------------------------------------------------------------------- forward
-    def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool):
-        """(entropy or None, log_probs), each `(batch, response_len)`, at the sampling temperature.
+    def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool,
+                             calculate_sum_pi_squared: bool = False):
+        """(entropy or None, log_probs, sum_pi_squared or None), each `(batch, response_len)`, at the sampling
+        temperature; sum_pi_squared is sum_v softmax(logits / T)_v^2 at each response position.
 
         Columns that are padding in every row are cut first. With `use_remove_padding` the sequences' real tokens go
         through the model as one packed row whose position ids restart at 0 for each sequence; the model's attention
@@ -127,7 +159,8 @@ class DataParallelPPOActor:
         input_ids = micro_batch["input_ids"][:, first:]
         position_ids = micro_batch["position_ids"][:, first:]
         attention_mask = attention_mask[:, first:]
-        chunking = {"chunk_size": self.logits_chunk_size, "checkpoint": self.entropy_checkpointing}
+        chunking = {"chunk_size": self.logits_chunk_size, "checkpoint": self.entropy_checkpointing,
+                    "with_sum_pi_squared": calculate_sum_pi_squared}
         if self.use_remove_padding:
             return self._forward_packed(input_ids, attention_mask, position_ids, responses, temperature,
                                         calculate_entropy, chunking)
@@ -137,8 +170,9 @@ class DataParallelPPOActor:
         output = self.actor_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                    use_cache=False, **keep)
         logits = output.logits[:, -response_length - 1 : -1, :]
-        log_probs, entropy = logprobs_and_entropy(logits, responses, temperature, calculate_entropy, **chunking)
-        return entropy, log_probs
+        log_probs, entropy, *sum_pi_squared = logprobs_and_entropy(logits, responses, temperature, calculate_entropy,
+                                                                   **chunking)
+        return entropy, log_probs, (sum_pi_squared[0] if sum_pi_squared else None)
 
     def _forward_packed(self, input_ids, attention_mask, position_ids, responses, temperature, calculate_entropy,
                         chunking):
@@ -182,62 +216,68 @@ class DataParallelPPOActor:
                                        position_ids=packed_positions.view(len(rows), width), attention_mask=None,
                                        use_cache=False)
         logits = output.logits[0] if selected else output.logits.flatten(0, 1)[predictors]
-        log_prob, entropy = logprobs_and_entropy(logits, responses[scored], temperature, calculate_entropy,
-                                                 **chunking)
+        log_prob, entropy, *sum_pi_squared = logprobs_and_entropy(logits, responses[scored], temperature,
+                                                                  calculate_entropy, **chunking)
 
         def unpack(values):
             return torch.zeros(batch, response_length, dtype=values.dtype, device=values.device).masked_scatter(
                 scored, values)
 
-        return (unpack(entropy) if calculate_entropy else None), unpack(log_prob)
+        return ((unpack(entropy) if calculate_entropy else None), unpack(log_prob),
+                (unpack(sum_pi_squared[0]) if sum_pi_squared else None))
 
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False,
+                         calculate_sum_pi_squared: bool = False):
         """Log-probs (and entropy) of `responses` under the current weights; no gradient.
 
         meta_info: `temperature`, `micro_batch_size` (sequences per forward), `use_dynamic_bsz`, `max_token_len`.
-        Returns `(log_probs, entropys or None)`, each `(batch, response_len)`.
+        Returns `(log_probs, entropys or None)`, each `(batch, response_len)`; with `calculate_sum_pi_squared`,
+        `(log_probs, entropys or None, sum_pi_squared)`, sum_pi_squared = sum_v softmax(logits / T)_v^2 at each
+        response position (0 on padding with use_remove_padding), which the optimal token baseline needs.
         """
         self.actor_module.eval()
         temperature = data.meta_info["temperature"]
         max_token_len = data.meta_info["max_token_len"] if data.meta_info.get("use_dynamic_bsz") else None
         batch = data.select(batch_keys=FORWARD_KEYS).batch
         micro_batches, index_map = split_micro_batches(batch, data.meta_info.get("micro_batch_size"), max_token_len)
-        log_probs, entropys = [], []
-        for micro_batch in micro_batches:
-            entropy, log_prob = self._forward_micro_batch(micro_batch, temperature, calculate_entropy)
-            log_probs.append(log_prob)
-            if calculate_entropy:
-                entropys.append(entropy)
+        parts = [self._forward_micro_batch(micro_batch, temperature, calculate_entropy, calculate_sum_pi_squared)
+                 for micro_batch in micro_batches]
         reshard_all(self.actor_module)  # with reshard_after_forward=false, no backward pass would free them
-        log_probs = torch.cat(log_probs)
-        entropys = torch.cat(entropys) if calculate_entropy else None
-        if index_map is not None:
-            reverse = torch.tensor(get_reverse_idx(index_map), dtype=torch.long)
-            log_probs = log_probs[reverse]
-            entropys = entropys[reverse] if calculate_entropy else None
+        reverse = None if index_map is None else torch.tensor(get_reverse_idx(index_map), dtype=torch.long)
+
+        def gather(column: int, wanted: bool = True) -> torch.Tensor | None:
+            if not wanted:
+                return None
+            values = torch.cat([part[column] for part in parts])
+            return values if reverse is None else values[reverse]
+
+        log_probs, entropys = gather(1), gather(0, calculate_entropy)
+        if calculate_sum_pi_squared:
+            return log_probs, entropys, gather(2)
         return log_probs, entropys
 
     # ------------------------------------------------------------------------------------------------ update
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """PPO update: `ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` sequences.
 
-        Needs `responses`, `response_mask`, `old_log_probs`, `advantages` (and `ref_log_prob` with use_kl_loss).
+        Needs `responses`, `response_mask`, `old_log_probs`, `advantages` (and `ref_log_prob` with use_kl_loss);
+        `rollout_is_weights` `(bs, response_len)`, when present, goes to the policy loss. Per micro-batch:
+
+            loss = policy_loss(objective.advantages(A)) - entropy_coeff * entropy + objective.kl_loss(kl)
+
         Returns metrics as lists (one entry per micro-batch or per optimizer step).
         """
         cfg = self.config
         self.actor_module.train()
         temperature = data.meta_info["temperature"]
-        policy_loss_fn = core_algos.get_policy_loss_fn(cfg.policy_loss.loss_mode)
-        # Archer: the KL loss weighs low- and high-entropy tokens by different coefficients.
-        split_kl = cfg.use_kl_loss and option(cfg, "use_token_entropy_separate", ACTOR)
-        entropy_adv = option(cfg, "enable_entropy_balanced_advantage", ACTOR)
-        # The seed code skipped entropy when entropy_coeff=0, silently disabling what needs it (AEPO bug 2).
-        needs_entropy = (cfg.entropy_coeff != 0 or getattr(policy_loss_fn, "needs_entropy", False) or split_kl
-                         or entropy_adv)
+        objective = build_actor_objective(cfg)
         keys = FORWARD_KEYS + ["response_mask", "advantages"]
         if cfg.use_kl_loss:
             keys.append("ref_log_prob")
+        has_is_weights = "rollout_is_weights" in data.batch.keys()
+        if has_is_weights:
+            keys.append("rollout_is_weights")
         # Without old log-probs the update must be on-policy (one epoch, one mini-batch): the old policy is then the
         # current one, and its log-probs are this forward pass's, detached (see old_log_prob_source in ray_trainer).
         has_old = "old_log_probs" in data.batch.keys()
@@ -257,49 +297,31 @@ class DataParallelPPOActor:
                 batch = batch[torch.randperm(batch.batch_size[0], generator=generator)]
             for mini_batch in batch.split(cfg.ppo_mini_batch_size):
                 micro_batches, _ = split_micro_batches(mini_batch, cfg.ppo_micro_batch_size_per_gpu, max_token_len)
-                # Weights that make the sum over micro-batches equal the loss aggregated over the mini-batch.
-                mini_tokens = mini_batch["response_mask"].sum().clamp(min=1)
-                mini_seqs = mini_batch.batch_size[0]
-                for micro_batch in micro_batches:
+                weights = micro_batch_weights(mini_batch, micro_batches, cfg.loss_agg_mode)
+                for micro_batch, weight in zip(micro_batches, weights):
                     mask = micro_batch["response_mask"]
-                    if cfg.loss_agg_mode == "token-mean":
-                        weight = mask.sum() / mini_tokens
-                    else:
-                        weight = micro_batch.batch_size[0] / mini_seqs
-                    entropy, log_prob = self._forward_micro_batch(micro_batch, temperature, needs_entropy)
+                    entropy, log_prob, _ = self._forward_micro_batch(micro_batch, temperature,
+                                                                     objective.needs_entropy)
                     token_entropy = entropy.detach() if entropy is not None else None
-                    advantages = micro_batch["advantages"]
-                    if entropy_adv:
-                        advantages = entropy_aware_advantage(advantages, token_entropy, mask,
-                                                             alpha=option(cfg, "entropy_advantage_alpha", ACTOR))
-                    pg_loss, pg_metrics = policy_loss_fn(
+                    pg_loss, pg_metrics = objective.policy_loss(
                         old_log_prob=micro_batch["old_log_probs"] if has_old else log_prob.detach(),
                         log_prob=log_prob,
-                        advantages=advantages,
+                        advantages=objective.advantages(micro_batch["advantages"], token_entropy, mask),
                         response_mask=mask,
-                        loss_agg_mode=cfg.loss_agg_mode,
-                        config=cfg,
                         entropy=token_entropy,
+                        rollout_is_weights=micro_batch["rollout_is_weights"] if has_is_weights else None,
                     )
                     loss = pg_loss
                     if cfg.entropy_coeff != 0:
-                        entropy_loss = core_algos.compute_entropy_loss(entropy, mask, cfg.loss_agg_mode)
+                        entropy_loss = compute_entropy_loss(entropy, mask, cfg.loss_agg_mode)
                         loss = loss - cfg.entropy_coeff * entropy_loss
                         metrics["actor/entropy_loss"].append(entropy_loss.item())
                     if cfg.use_kl_loss:
-                        kld = core_algos.kl_penalty(log_prob, micro_batch["ref_log_prob"], cfg.kl_loss_type)
-                        if split_kl:
-                            high, low = split_by_token_entropy(token_entropy, mask, cfg.token_entropy_quantile)
-                            kl_term, kl_metrics = split_kl_loss(kld, high, low, low_coef=cfg.kl_loss_coef,
-                                                                high_coef=cfg.high_entropy_kl_loss_scale_coef)
-                            loss = loss + kl_term
-                            for name, value in kl_metrics.items():
-                                metrics[name].append(float(value))
-                        else:
-                            kl_loss = core_algos.agg_loss(kld, mask, cfg.loss_agg_mode)
-                            loss = loss + cfg.kl_loss_coef * kl_loss
-                            metrics["actor/kl_loss"].append(kl_loss.item())
-                        metrics["actor/kl_coef"].append(cfg.kl_loss_coef)
+                        kld = kl_penalty(log_prob, micro_batch["ref_log_prob"], cfg.kl_loss_type)
+                        kl_loss, kl_metrics = objective.kl_loss(kld, token_entropy, mask)
+                        loss = loss + kl_loss
+                        for name, value in kl_metrics.items():
+                            metrics[name].append(float(value))
                     (loss * weight).backward()
                     metrics["actor/pg_loss"].append(pg_loss.item())
                     for name, value in pg_metrics.items():
@@ -307,4 +329,3 @@ class DataParallelPPOActor:
                 metrics["actor/grad_norm"].append(
                     clip_grad_and_step(self.actor_module, self.actor_optimizer, self.max_grad_norm))
         return dict(metrics)
-

@@ -2,7 +2,8 @@
 
 import torch
 
-from verl.trainer.ppo.core_algos import compute_gae_advantage_return, get_adv_estimator_fn
+from verl.algorithms.estimators import compute_gae_advantage_return
+from verl.algorithms.registry import get_adv_estimator_fn
 
 GAMMA, LAM = 0.9, 0.8
 

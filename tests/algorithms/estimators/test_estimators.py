@@ -1,5 +1,6 @@
-"""The advantage estimators of estimators.py: hand-computed values, groups of one, masks, loop == vectorised,
-and each one reachable by name through the trainer's compute_advantage and accepted by the config check."""
+"""The advantage estimators of verl/algorithms/estimators/ beyond GRPO and GAE: hand-computed values, groups of one,
+masks, loop == vectorised, and each one reachable by name through the trainer's compute_advantage and accepted by the
+config check."""
 
 from __future__ import annotations
 
@@ -10,13 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from verl.protocol import DataProto
-from verl.trainer.config import load_config
-from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.config_rules import validate_ppo_config
-from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
-from verl.trainer.ppo.estimators import (
+from verl.algorithms.estimators import (
     compute_gpg_outcome_advantage,
+    compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
     compute_grpo_vectorized_outcome_advantage,
     compute_opo_outcome_advantage,
@@ -25,6 +22,10 @@ from verl.trainer.ppo.estimators import (
     compute_rloo_outcome_advantage,
     compute_rloo_vectorized_outcome_advantage,
 )
+from verl.algorithms.registry import get_adv_estimator_fn
+from verl.protocol import DataProto
+from verl.trainer.config import load_config
+from verl.trainer.ppo.config_rules import validate_ppo_config
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
 ESTIMATORS = {
@@ -245,7 +246,7 @@ def test_zero_outside_the_mask_and_shapes(name):
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
 def test_reachable_by_name_through_compute_advantage(name):
-    assert core_algos.get_adv_estimator_fn(name) is ESTIMATORS[name]
+    assert get_adv_estimator_fn(name) is ESTIMATORS[name]
     cfg = load_config(overrides=[f"algorithm.adv_estimator={name}", "algorithm.gamma=0.9"])
     validate_ppo_config(cfg)  # the config check accepts the registered name
     rewards, mask, index = _batch()

@@ -6,15 +6,9 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import (
-    _cfg_get,
-    agg_loss,
-    apply_rollout_is_weights,
-    clamped_log_ratio,
-    ppo_kl,
-    register_policy_loss,
-)
-from verl.trainer.ppo.policy_losses.entropy_split import entropy_groups
+from verl.algorithms.losses.entropy_split import entropy_groups
+from verl.algorithms.primitives import actor_option, agg_loss, apply_rollout_is_weights, clamped_log_ratio, ppo_kl
+from verl.algorithms.registry import register_policy_loss
 from verl.utils.torch_functional import masked_mean
 
 
@@ -23,7 +17,7 @@ def aspo_dual_clip(config: Any) -> tuple[float, float]:
     calls this too, so the rule is written once)."""
     clip_c = []
     for sign in ("negative", "positive"):
-        value = _cfg_get(config, f"{sign}_clip_ratio_c")
+        value = actor_option(config, f"{sign}_clip_ratio_c")
         if value <= 1.0:
             raise ValueError(f"actor_rollout_ref.actor.{sign}_clip_ratio_c={value} must be > 1")
         clip_c.append(value)
@@ -82,13 +76,13 @@ def compute_policy_loss_aspo(
     ratio = torch.exp(log_ratio)
     eps_neg = torch.where(
         high,
-        _cfg_get(config, "negative_high_entropy_clip_ratio_low"),
-        _cfg_get(config, "negative_low_entropy_clip_ratio_low"),
+        actor_option(config, "negative_high_entropy_clip_ratio_low"),
+        actor_option(config, "negative_low_entropy_clip_ratio_low"),
     ).to(ratio.dtype)
     eps_pos = torch.where(
         high,
-        _cfg_get(config, "positive_high_entropy_clip_ratio_high"),
-        _cfg_get(config, "positive_low_entropy_clip_ratio_high"),
+        actor_option(config, "positive_high_entropy_clip_ratio_high"),
+        actor_option(config, "positive_low_entropy_clip_ratio_high"),
     ).to(ratio.dtype)
 
     adv = advantages
@@ -102,7 +96,7 @@ def compute_policy_loss_aspo(
     pg_losses = torch.where(negative, loss_neg, loss_pos)
     pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
 
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, actor_option(config, "loss_scale_factor"))
 
     with torch.no_grad():
         clipped_upper = ~negative & (ratio > 1.0 + eps_pos)

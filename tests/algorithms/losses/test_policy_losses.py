@@ -1,5 +1,5 @@
-"""Hand-computed checks of verl/trainer/ppo/policy_losses: ASPO, Archer, AEPO, their entropy helpers, and verl's
-gspo, cispo, geo_mean, clip_cov, kl_cov, gpg and sapo.
+"""Hand-computed checks of the policy losses of verl/algorithms/losses/: ASPO, Archer, AEPO, their entropy helpers, and verl's
+gspo, cispo, geo_mean, clip_cov, kl_cov, gpg, sapo, dppo_tv, dppo_kl and dro.
 
 The gradient tests build ratios inside every region of each loss's weight table and check that
 d loss / d log_prob[token] = -A w / N under token-mean aggregation over N valid tokens.
@@ -14,14 +14,16 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from verl.trainer.ppo import policy_losses
-from verl.trainer.ppo.core_algos import get_policy_loss_fn
-from verl.trainer.ppo.policy_losses import (
+from verl.algorithms import losses as policy_losses
+from verl.algorithms.losses import (
     compute_policy_loss_aepo,
     compute_policy_loss_archer,
     compute_policy_loss_aspo,
     compute_policy_loss_cispo,
     compute_policy_loss_clip_cov,
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
     compute_policy_loss_geo_mean,
     compute_policy_loss_gpg,
     compute_policy_loss_gspo,
@@ -31,6 +33,7 @@ from verl.trainer.ppo.policy_losses import (
     split_by_token_entropy,
     split_kl_loss,
 )
+from verl.algorithms.registry import get_policy_loss_fn
 
 LOSSES = {"aspo": compute_policy_loss_aspo, "archer": compute_policy_loss_archer, "aepo": compute_policy_loss_aepo}
 
@@ -489,7 +492,7 @@ def test_seq_mean_token_mean_is_honoured(name):
     torch.testing.assert_close(log_prob.grad, torch.tensor([[-0.5, 0.0], [-0.25, -0.25]]))
 
 
-# ------------------------------------------------------------------ verl's losses (verl_losses.py)
+# ------------------------------------------------------------------ verl's losses (gspo.py, cispo.py, ...)
 
 VERL_LOSSES = {
     "gspo": compute_policy_loss_gspo,
@@ -499,6 +502,9 @@ VERL_LOSSES = {
     "kl_cov": compute_policy_loss_kl_cov,
     "gpg": compute_policy_loss_gpg,
     "sapo": compute_policy_loss_sapo,
+    "dppo_tv": compute_policy_loss_dppo_tv,
+    "dppo_kl": compute_policy_loss_dppo_kl,
+    "dro": compute_policy_loss_dro,
 }
 
 
@@ -754,9 +760,10 @@ def test_sapo_values_hand_computed():
     assert metrics["actor/sapo_gate_weight"] == pytest.approx(sum(weights) / 3, rel=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gspo", "cispo", "clip_cov", "kl_cov", "gpg", "sapo"])
+@pytest.mark.parametrize("name", ["gspo", "cispo", "clip_cov", "kl_cov", "gpg", "sapo", "dppo_tv", "dppo_kl", "dro"])
 def test_verl_losses_scale_gradient_by_rollout_is_weights(name):
-    # r = 1, A = 1, one row: every one of these has per-token gradient -w_is / N.
+    # r = 1, A = 1, one row: every one of these has per-token gradient -w_is / N (DPPO: p = p_old, inside the region;
+    # DRO: the penalty's gradient beta log r is 0).
     log_prob = torch.zeros(1, 2, requires_grad=True)
     loss, _ = VERL_LOSSES[name](torch.zeros(1, 2), log_prob, torch.ones(1, 2), torch.ones(1, 2),
                                 rollout_is_weights=torch.tensor([[2.0, 0.5]]))
@@ -791,7 +798,7 @@ def test_verl_losses_take_yaml_defaults_for_missing_keys(config):
 
 
 @pytest.mark.parametrize("name, key", [("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio"),
-                                       ("sapo", "tau_pos")])
+                                       ("sapo", "tau_pos"), ("dro", "dro_beta")])
 def test_verl_losses_reject_non_positive_settings(name, key):
     with pytest.raises(ValueError, match=rf"policy_loss\.{key}"):
         VERL_LOSSES[name](torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),
@@ -811,3 +818,99 @@ def test_config_check_rejects_bad_policy_loss_settings():
     message = str(err.value)
     for fragment in (f"{prefix}.tau_neg=0", f"{prefix}.kl_cov_ratio=-1", f"{prefix}.clip_cov_lb=6.0 must be below"):
         assert fragment in message
+
+
+# ------------------------------------------------------------------ DPPO (dppo.py) and DRO (dro.py)
+
+# DPPO's thresholds are on the sampled token's probability: delta_low 0.2, delta_high 0.28, truncation C = 3.
+DPPO_CONFIG = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
+# (sign of A, p_old, p, w of dppo_tv, w of dppo_kl): one token per region of the two tables, r = p / p_old;
+# w = min(r, C) inside the region, 0 outside. D = binary KL(p_old || p), written next to the KL weight.
+DPPO_TABLE = [
+    (1, 0.5, 0.7, 1.4, 1.4),  # rose by 0.2 <= 0.28; D 0.087
+    (1, 0.2, 0.6, 0.0, 0.0),  # rose by 0.4 > 0.28; D 0.335 > 0.28 and rising: outside both
+    (1, 0.3, 0.1, 1 / 3, 1 / 3),  # fell: A > 0 pushes it back up, inside
+    (1, 0.9, 0.3, 1 / 3, 1 / 3),  # fell far (D 0.79): still inside, KL's "or p <= p_old"
+    (1, 0.05, 0.2, 3.0, 3.0),  # rose by 0.15 (D 0.094), r = 4: truncated to C
+    (-1, 0.6, 0.3, 0.0, 0.5),  # fell by 0.3 > 0.2 (TV out), D 0.192 <= 0.2 (KL in)
+    (-1, 0.6, 0.2, 0.0, 0.0),  # fell by 0.4, D 0.382: outside both
+    (-1, 0.05, 0.3, 3.0, 3.0),  # rose (r = 6): A < 0 pushes it back down, inside, truncated
+    (-1, 0.5, 0.4, 0.8, 0.8),  # fell by 0.1, D 0.020
+    (-1, 0.2, 0.9, 3.0, 3.0),  # rose far (D 1.36): inside, r = 4.5 truncated
+]
+
+
+def _dppo_batch():
+    """One row per advantage sign (A = 1.5 and -0.7) with its tokens of DPPO_TABLE, then two padding tokens whose
+    log-probs are noise."""
+    rows = [[entry for entry in DPPO_TABLE if entry[0] == sign] for sign in (1, -1)]
+    width = max(len(row) for row in rows) + 2
+    old_log_prob, log_prob = torch.full((2, width), 0.3).log(), torch.full((2, width), 0.9).log()
+    adv, mask = torch.tensor([[1.5] * width, [-0.7] * width]), torch.zeros(2, width)
+    weights = {"dppo_tv": torch.zeros(2, width), "dppo_kl": torch.zeros(2, width)}
+    for i, row in enumerate(rows):
+        for t, (_, p_old, p, w_tv, w_kl) in enumerate(row):
+            old_log_prob[i, t], log_prob[i, t], mask[i, t] = math.log(p_old), math.log(p), 1.0
+            weights["dppo_tv"][i, t], weights["dppo_kl"][i, t] = w_tv, w_kl
+    return old_log_prob, log_prob.requires_grad_(True), adv, mask, weights
+
+
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl"])
+def test_dppo_gradient_matches_weight_table(name):
+    old_log_prob, log_prob, adv, mask, weights = _dppo_batch()
+    loss, _ = VERL_LOSSES[name](old_log_prob, log_prob, adv, mask, config=DPPO_CONFIG)
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, -adv * weights[name] / mask.sum())
+
+
+@pytest.mark.parametrize("name, outside", [("dppo_tv", 3), ("dppo_kl", 2)])
+def test_dppo_values_and_metrics_hand_computed(name, outside):
+    old_log_prob, log_prob, adv, mask, weights = _dppo_batch()
+    loss, metrics = VERL_LOSSES[name](old_log_prob, log_prob, adv, mask, config=DPPO_CONFIG)
+    # l = -A w log p on each of the 10 valid tokens (w already 0 outside the region).
+    adv_of = {1: 1.5, -1: -0.7}
+    values = [-adv_of[sign] * (w_tv if name == "dppo_tv" else w_kl) * math.log(p)
+              for sign, _, p, w_tv, w_kl in DPPO_TABLE]
+    assert loss.item() == pytest.approx(sum(values) / 10, rel=1e-5)
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(outside / 10)
+    assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(3 / 10)  # inside and r > C: r = 4, 6, 4.5
+    kl = sum(math.log(p_old / p) for _, p_old, p, _, _ in DPPO_TABLE) / 10
+    assert metrics["actor/ppo_kl"] == pytest.approx(kl, rel=1e-5)
+
+
+def test_dppo_thresholds_fall_back_to_clip_ratio():
+    # clip_ratio 0.1 for both sides: (A > 0, 0.5 -> 0.7) rose by 0.2 > 0.1, now outside.
+    old_log_prob, log_prob = torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.7)]], requires_grad=True)
+    loss, metrics = compute_policy_loss_dppo_tv(old_log_prob, log_prob, torch.ones(1, 1), torch.ones(1, 1),
+                                                config={"clip_ratio": 0.1})
+    loss.backward()
+    assert log_prob.grad.item() == 0.0 and metrics["actor/pg_clipfrac"] == 1.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dro_gradient_is_advantage_minus_penalty_pull(seed):
+    # d l / d log_prob = -(A - beta log r): the policy gradient, pulled back towards pi_old as log r grows.
+    gen = torch.Generator().manual_seed(seed)
+    old_log_prob = -torch.rand(3, 6, generator=gen) * 3
+    log_ratio = torch.randn(3, 6, generator=gen)
+    log_prob = (old_log_prob + log_ratio).requires_grad_(True)
+    adv = torch.randn(3, 1, generator=gen).expand(3, 6)
+    mask = torch.tensor([[1.0] * 6, [1.0] * 4 + [0.0] * 2, [1.0] * 2 + [0.0] * 4])
+    beta = 0.3
+    loss, metrics = compute_policy_loss_dro(old_log_prob, log_prob, adv, mask,
+                                            config={"policy_loss": {"dro_beta": beta}})
+    loss.backward()
+    torch.testing.assert_close(log_prob.grad, (-adv + beta * log_ratio) * mask / mask.sum())
+    assert metrics["actor/pg_clipfrac"] == metrics["actor/pg_clipfrac_lower"] == 0.0
+
+
+def test_dro_values_hand_computed():
+    # Yaml beta 0.1. Token 0: r = 1, l = -A log p = -log 0.5. Token 1: log r = log 0.5, l = -(-2 log 0.25 - 0.05
+    # (log 0.5)^2). Token 2 is padding.
+    old_log_prob = torch.log(torch.tensor([[0.5, 0.5, 0.9]]))
+    log_prob = torch.log(torch.tensor([[0.5, 0.25, 0.1]]))
+    loss, metrics = compute_policy_loss_dro(old_log_prob, log_prob, torch.tensor([[1.0, -2.0, 5.0]]),
+                                            torch.tensor([[1.0, 1.0, 0.0]]))
+    values = [-math.log(0.5), -(-2.0 * math.log(0.25) - 0.05 * math.log(0.5) ** 2)]
+    assert loss.item() == pytest.approx(sum(values) / 2, rel=1e-5)
+    assert metrics["actor/ppo_kl"] == pytest.approx(math.log(2.0) / 2, rel=1e-5)

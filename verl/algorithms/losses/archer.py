@@ -6,17 +6,18 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import (
-    _cfg_get,
+from verl.algorithms.losses.base import register_kl_loss_term
+from verl.algorithms.losses.entropy_split import entropy_groups, split_by_token_entropy
+from verl.algorithms.primitives import (
+    actor_option,
     agg_loss,
     apply_rollout_is_weights,
     clamped_log_ratio,
     clip_config,
     dual_clip_losses,
     ppo_kl,
-    register_policy_loss,
 )
-from verl.trainer.ppo.policy_losses.entropy_split import entropy_groups
+from verl.algorithms.registry import register_policy_loss
 from verl.utils.torch_functional import masked_mean
 
 
@@ -62,7 +63,7 @@ def compute_policy_loss_archer(
     log_ratio = clamped_log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     def clip(key: str, unset: float) -> float:  # null in the config: the PPO clip range of that side
-        value = _cfg_get(config, key)
+        value = actor_option(config, key)
         return unset if value is None else value
 
     eps_low = torch.where(high, clip("high_entropy_clip_ratio_low", clip_high),
@@ -73,7 +74,7 @@ def compute_policy_loss_archer(
     pg_losses, clipped, dual_clipped = dual_clip_losses(ratio, advantages, 1.0 - eps_low, 1.0 + eps_high, clip_ratio_c)
     pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
 
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, actor_option(config, "loss_scale_factor"))
 
     with torch.no_grad():
         clipped = clipped.float()
@@ -120,3 +121,18 @@ def split_kl_loss(
         "actor/high_entropy_kl_loss_scale_coef": float(high_coef),
     }
     return loss, metrics
+
+
+@register_kl_loss_term("use_token_entropy_separate")
+def archer_kl_loss_term(config: Any):
+    """Archer's KL term for the actor (with use_kl_loss): `split_kl_loss` over this micro-batch's entropy groups,
+    split at `token_entropy_quantile`, with low_coef = kl_loss_coef and high_coef = high_entropy_kl_loss_scale_coef."""
+    quantile = actor_option(config, "token_entropy_quantile")
+    low_coef = actor_option(config, "kl_loss_coef")
+    high_coef = actor_option(config, "high_entropy_kl_loss_scale_coef")
+
+    def kl_loss_term(kld: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor):
+        high, low = split_by_token_entropy(entropy, mask, quantile)
+        return split_kl_loss(kld, high, low, low_coef=low_coef, high_coef=high_coef)
+
+    return kl_loss_term

@@ -6,16 +6,17 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import (
-    _cfg_get,
+from verl.algorithms.losses.base import register_advantage_transform
+from verl.algorithms.primitives import (
+    actor_option,
     agg_loss,
     apply_rollout_is_weights,
     clamped_log_ratio,
     clip_config,
     dual_clip_losses,
     ppo_kl,
-    register_policy_loss,
 )
+from verl.algorithms.registry import register_policy_loss
 from verl.utils.torch_functional import masked_mean, masked_var
 
 
@@ -62,7 +63,7 @@ def compute_policy_loss_aepo(
     pg_losses, clipped, dual_clipped = dual_clip_losses(ratio, advantages, 1.0 - eps_low, upper, clip_ratio_c)
     pg_losses = apply_rollout_is_weights(pg_losses, rollout_is_weights)
 
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, _cfg_get(config, "loss_scale_factor"))
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, actor_option(config, "loss_scale_factor"))
 
     with torch.no_grad():
         rescaled = (advantages > 0) & (ratio > 1.0 + eps_high)
@@ -103,3 +104,14 @@ def entropy_aware_advantage(
     std = torch.where(torch.isfinite(std) & (std > 0), std, torch.ones_like(std))
     z = (entropy - masked_mean(entropy, valid)) / std
     return torch.where(valid, advantages * (1.0 + alpha * z).to(advantages.dtype), advantages)
+
+
+@register_advantage_transform("enable_entropy_balanced_advantage")
+def aepo_advantage_transform(config: Any):
+    """AEPO's entropy-aware advantage for the actor, with alpha = `entropy_advantage_alpha`."""
+    alpha = actor_option(config, "entropy_advantage_alpha")
+
+    def transform(advantages: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return entropy_aware_advantage(advantages, entropy, mask, alpha=alpha)
+
+    return transform

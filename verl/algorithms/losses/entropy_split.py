@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import _cfg_get
+from verl.algorithms.primitives import actor_option
 
 
 def check_token_entropy_quantile(quantile: float) -> None:
@@ -42,7 +42,7 @@ def split_by_token_entropy(
         (high, low), both bool `(batch, response_len)`.
     """
     if quantile is None:
-        quantile = _cfg_get(None, "token_entropy_quantile")
+        quantile = actor_option(None, "token_entropy_quantile")
     check_token_entropy_quantile(quantile)
     valid = response_mask > 0
     padded = torch.where(valid, entropy.detach().float(), torch.full_like(entropy, float("nan"), dtype=torch.float))
@@ -60,4 +60,4 @@ def entropy_groups(
             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} needs per-token entropy: call the loss "
             "with entropy=<(batch, response_len) tensor>"
         )
-    return split_by_token_entropy(entropy, response_mask, _cfg_get(config, "token_entropy_quantile"))
+    return split_by_token_entropy(entropy, response_mask, actor_option(config, "token_entropy_quantile"))
