@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CPU quickstart, end to end through Quiver's own CLIs, everything under $QUICKSTART_DIR:
 #   1 tiny model + tokenizer  2 arithmetic task (disjoint train/test problems)  3 SFT warm start
-#   4 evaluate SFT (greedy accuracy, pass@8)  5 GRPO (Ray, 2 FSDP ranks, HF rollout)  6 merge the last checkpoint
-#   7 evaluate the RL model the same way  8 before/after table + curves PNG
+#   4 evaluate SFT (greedy accuracy, pass@8)  5 RL, GRPO unless overridden (Ray, 2 FSDP ranks, HF rollout)
+#   6 merge the last checkpoint  7 evaluate the RL model the same way  8 before/after table + curves PNG
 # Sizes are env vars (QUICKSTART_SFT_STEPS, QUICKSTART_RL_STEPS, ... below); extra k=v args go to main_ppo.
+# QUICKSTART_SFT_FROM=<an earlier run's QUICKSTART_DIR> reuses that run's stages 1-4 (same sizes).
 #
 # Why RL has something to learn: 30% of the SFT demonstrations work the sum out in columns ("7 + 8 = 15, 4 + 3 + 1
 # = 8. #### 85"), 70% answer at once ("#### 85"). The SFT model mostly answers at once, greedily; its samples often
@@ -52,6 +53,18 @@ evaluate() {  # evaluate <model dir> <tag>: greedy accuracy and pass@8 on the he
     data.output_path="$out/eval/$2_pass8.parquet"
 }
 
+sft_model="$out/sft/global_step_$sft_steps"
+if [ -n "${QUICKSTART_SFT_FROM:-}" ]; then
+  # Stages 1-4 of an earlier run (same sizes): its model, data, SFT checkpoint and SFT evaluation are reused, so that
+  # runs comparing RL settings start from one SFT model (benchmarks/ppo_vs_grpo.py).
+  from="$(cd "$QUICKSTART_SFT_FROM" && pwd)"
+  stage 1 "reuse stages 1-4 of $from"
+  mkdir -p "$out/sft" "$out/eval"
+  ln -sfn "$from/model" "$out/model"
+  ln -sfn "$from/data" "$out/data"
+  ln -sfn "$from/sft/global_step_$sft_steps" "$sft_model"
+  cp "$from"/eval/sft_* "$out/eval/"
+else
 stage 1 "tiny model and tokenizer"
 python tools/make_tiny_model.py --output_dir "$out/model" --seed "$seed" \
   --hidden_size "$hidden" --num_layers "$layers" --num_heads 4 --num_kv_heads 4 --intermediate_size $((4 * hidden))
@@ -69,12 +82,11 @@ OMP_NUM_THREADS=1 python -m verl.trainer.fsdp_sft_trainer \
   optim.lr="$sft_lr" optim.warmup_steps_ratio=0.05 \
   trainer.total_training_steps="$sft_steps" trainer.seed="$seed" trainer.device=cpu trainer.logger=[console] \
   trainer.default_local_dir="$out/sft"
-sft_model="$out/sft/global_step_$sft_steps"
-
 stage 4 "evaluate the SFT model"
 OMP_NUM_THREADS=1 evaluate "$sft_model" sft
+fi
 
-stage 5 "GRPO ($rl_steps steps, Ray, 2 FSDP ranks)"
+stage 5 "RL ($rl_steps steps, Ray, 2 FSDP ranks)"
 # lr 5e-5: Adam moves every weight by about lr per step whatever the gradient's signal-to-noise; at 3e-4 and above
 # the noisy policy gradient of 32 prompts x 8 samples wrecks this tiny model faster than the reward improves it.
 python -m verl.trainer.main_ppo \

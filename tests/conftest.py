@@ -21,6 +21,16 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_reward_model_dir(tmp_path_factory):
+    """A tiny Qwen2 reward model (sequence classification, one label) with the tiny model's tokenizer."""
+    from verl.demo.tiny_model import build_tiny_model
+
+    out = tmp_path_factory.mktemp("tiny_reward_model")
+    build_tiny_model(str(out), seed=1, reward_model=True)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def arithmetic_data_dir(tmp_path_factory):
     """train.parquet / test.parquet of the synthetic arithmetic task in verl's row schema."""
     from verl.demo.arithmetic import write_arithmetic_dataset

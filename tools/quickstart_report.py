@@ -13,7 +13,18 @@ import json
 import os
 import sys
 
-STAGES = (("sft", "SFT"), ("rl", "SFT + GRPO"))
+STAGES = ("sft", "rl")
+
+
+def rl_label(out_dir: str) -> str:
+    """'SFT + <estimator>' from the RL run's saved config (GRPO unless the run chose another)."""
+    path = os.path.join(out_dir, "rl", "config.yaml")
+    estimator = "grpo"
+    if os.path.exists(path):
+        from omegaconf import OmegaConf
+
+        estimator = OmegaConf.load(path).algorithm.adv_estimator
+    return "SFT + " + ("PPO (GAE)" if estimator == "gae" else estimator.upper())
 
 
 def read_stage(eval_dir: str, tag: str) -> dict[str, float]:
@@ -38,16 +49,17 @@ def read_timings(path: str) -> list[tuple[str, float]]:
 
 def format_report(out_dir: str) -> str:
     eval_dir = os.path.join(out_dir, "eval")
-    rows = {tag: read_stage(eval_dir, tag) for tag, _ in STAGES}
+    rows = {tag: read_stage(eval_dir, tag) for tag in STAGES}
+    labels = {"sft": "SFT", "rl": rl_label(out_dir)}
     lines = [
-        f"{'model':<12} {'greedy acc':>10} {'sampled acc':>11} {'pass@8':>8}",
-        f"{'-' * 12} {'-' * 10} {'-' * 11} {'-' * 8}",
+        f"{'model':<16} {'greedy acc':>10} {'sampled acc':>11} {'pass@8':>8}",
+        f"{'-' * 16} {'-' * 10} {'-' * 11} {'-' * 8}",
     ]
-    for tag, label in STAGES:
-        m = rows[tag]
-        lines.append(f"{label:<12} {m['greedy_acc']:>10.1%} {m['sampled_acc']:>11.1%} {m['pass@8']:>8.1%}")
+    for tag in STAGES:
+        m, label = rows[tag], labels[tag]
+        lines.append(f"{label:<16} {m['greedy_acc']:>10.1%} {m['sampled_acc']:>11.1%} {m['pass@8']:>8.1%}")
     delta = rows["rl"]["greedy_acc"] - rows["sft"]["greedy_acc"]
-    lines.append(f"GRPO changed held-out greedy accuracy by {100 * delta:+.1f} points")
+    lines.append(f"{labels['rl'][len('SFT + '):]} changed held-out greedy accuracy by {100 * delta:+.1f} points")
     timings = read_timings(os.path.join(out_dir, "timings.tsv"))
     if timings:
         lines.append("")

@@ -78,6 +78,24 @@ def prime_model(model_dir, out_dir, conversations, steps=150, lr=3e-3, seed=0):
     return loss.item()
 
 
+def fit_keeping_batches(trainer):
+    """Fit and shut down a built trainer: (history, the batch each step trained on), for checks on real batches."""
+    batches = []
+    original = trainer._step
+
+    def step(*args, **kwargs):
+        batch = original(*args, **kwargs)
+        batches.append(batch)
+        return batch
+
+    trainer._step = step
+    try:
+        history = trainer.fit()
+    finally:
+        trainer.shutdown()
+    return history, batches
+
+
 def fit_trainer(overrides, model_dir, probe_step=False):
     """Build, fit and shut down a trainer: (trainer, history, weight fingerprints before and after, and with
     `probe_step` the batch of one more step after training, for checks on a real batch; else None)."""

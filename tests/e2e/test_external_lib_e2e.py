@@ -1,5 +1,5 @@
-"""`actor_rollout_ref.model.external_lib`: the user's module is imported by the driver and by every worker, so a
-policy loss it registers is selectable by name and really runs in the workers' update."""
+"""`actor_rollout_ref.model.external_lib` and `trainer.plugins`: the user's module is imported by the driver and by
+every worker, so a policy loss it registers is selectable by name and really runs in the workers' update."""
 
 import pytest
 from e2e_utils import tiny_overrides
@@ -24,12 +24,14 @@ def plugin_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode
 pytestmark = pytest.mark.e2e
 
 
-def test_a_loss_registered_by_external_lib_trains_in_the_workers(ray_session, tiny_model_dir, arithmetic_data_dir,
-                                                                 tmp_path, capsys):
-    plugin = tmp_path / "my_losses.py"
+@pytest.mark.parametrize("key", ["actor_rollout_ref.model.external_lib", "trainer.plugins"])
+def test_a_loss_registered_by_a_users_module_trains_in_the_workers(key, ray_session, tiny_model_dir,
+                                                                   arithmetic_data_dir, tmp_path, capsys):
+    plugin = tmp_path / f"my_losses_{key.split('.')[-1]}.py"  # a new module: the other case's is imported already
     plugin.write_text(PLUGIN)
+    value = f"[{plugin}]" if key == "trainer.plugins" else str(plugin)
     config = load_config(overrides=tiny_overrides(
-        tiny_model_dir, arithmetic_data_dir, f"actor_rollout_ref.model.external_lib={plugin}",
+        tiny_model_dir, arithmetic_data_dir, f"{key}={value}",
         "actor_rollout_ref.actor.policy_loss.loss_mode=plugin_vanilla", "trainer.total_training_steps=1",
         "actor_rollout_ref.model.use_liger=true", f"trainer.default_local_dir={tmp_path / 'run'}"))
     try:

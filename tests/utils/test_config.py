@@ -179,11 +179,11 @@ def test_verl_keys_that_do_nothing_are_announced_once_each(capsys):
     from verl.trainer.ppo.config_rules import INERT_KEYS, announce_inert_keys
 
     assert announce_inert_keys(load_config()) == []  # the defaults say nothing
-    cfg = load_config(overrides=["actor_rollout_ref.model.use_liger=true", "critic.ppo_mini_batch_size=4",
+    cfg = load_config(overrides=["actor_rollout_ref.model.use_liger=true", "critic.ulysses_sequence_parallel_size=2",
                                  "actor_rollout_ref.actor.checkpoint.load_contents=[model]"])
     keys = announce_inert_keys(cfg)
     assert keys == ["actor_rollout_ref.model.use_liger", "actor_rollout_ref.actor.checkpoint.load_contents",
-                    "critic.ppo_mini_batch_size"]
+                    "critic.ulysses_sequence_parallel_size"]
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == ("[config] actor_rollout_ref.model.use_liger=true is accepted for verl scripts but does "
                         "nothing in Quiver: " + INERT_KEYS["actor_rollout_ref.model.use_liger"])

@@ -13,7 +13,7 @@ import sys
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.config import run_cli
-from verl.trainer.ppo.config_rules import announce_inert_keys, validate_ppo_config
+from verl.trainer.ppo.config_rules import announce_inert_keys, processes_per_rank, validate_ppo_config
 from verl.utils.config import ConfigError, resolve_device
 from verl.utils.hub import local_model_path
 from verl.utils.import_utils import ExternalLibError, import_external_libs
@@ -49,6 +49,24 @@ def resolve_model_paths(config: DictConfig) -> None:
     model = config.actor_rollout_ref.model
     model.path = local_model_path(model.path, "actor_rollout_ref.model.path")
     model.tokenizer_path = local_model_path(model.tokenizer_path, "actor_rollout_ref.model.tokenizer_path")
+    critic_model = config.critic.model
+    critic_model.path = local_model_path(critic_model.path, "critic.model.path")
+    critic_model.tokenizer_path = local_model_path(critic_model.tokenizer_path, "critic.model.tokenizer_path")
+    reward_model = config.reward_model.model
+    reward_model.path = local_model_path(reward_model.path, "reward_model.model.path")
+    if not OmegaConf.is_interpolation(reward_model, "input_tokenizer"):  # the default follows the actor's path
+        reward_model.input_tokenizer = local_model_path(reward_model.input_tokenizer,
+                                                        "reward_model.model.input_tokenizer")
+
+
+def import_user_modules(config: DictConfig) -> None:
+    """Import the modules named in `actor_rollout_ref.model.external_lib` and `trainer.plugins`, so that the names
+    they register pass the config check; a module that fails to import is a ConfigError naming its key."""
+    try:
+        import_external_libs(config.actor_rollout_ref.model.external_lib)
+        import_external_libs(config.trainer.plugins, key="trainer.plugins")
+    except ExternalLibError as err:
+        raise ConfigError(str(err)) from err
 
 
 def init_ray(config: DictConfig, device: str) -> None:
@@ -60,7 +78,7 @@ def init_ray(config: DictConfig, device: str) -> None:
     address = ray_init.pop("address", None) or os.environ.get("RAY_ADDRESS")
     n_ranks = config.trainer.nnodes * config.trainer.n_gpus_per_node
     env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
-    if config.actor_rollout_ref.model.external_lib:
+    if config.actor_rollout_ref.model.external_lib or config.trainer.plugins:
         # The workers import the user's modules as the driver did: from the launch directory or PYTHONPATH.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
     if address:
@@ -68,8 +86,9 @@ def init_ray(config: DictConfig, device: str) -> None:
         return
     num_cpus = ray_init.pop("num_cpus", None)
     if num_cpus is None:
-        # Ray counts logical CPUs: one per rank is enough to place the workers, whatever the core count.
-        num_cpus = max(os.cpu_count() or 1, n_ranks)
+        # Ray counts logical CPUs: one per worker process is enough to place them, whatever the core count (a rank
+        # holds the actor's process, and the critic's and the reward model's beside it when there are).
+        num_cpus = max(os.cpu_count() or 1, n_ranks * processes_per_rank(config))
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env}, **ray_init)
 
 
@@ -90,10 +109,7 @@ def save_resolved_config(config: DictConfig) -> str:
 def run_ppo(config: DictConfig):
     """Validate, build everything and train. Returns the per-step metrics history."""
     device = resolve_device(config.trainer.device)
-    try:  # first, so that what the user's modules register passes the checks
-        import_external_libs(config.actor_rollout_ref.model.external_lib)
-    except ExternalLibError as err:
-        raise ConfigError(str(err)) from err
+    import_user_modules(config)  # first, so that what the user's modules register passes the checks
     resolve_model_paths(config)
     validate_ppo_config(config)
     announce_inert_keys(config)

@@ -1,7 +1,9 @@
-"""ActorRolloutRefWorker: one rank of the actor (FSDP2), the reference model (FSDP2) and a rollout engine.
+"""The workers of one rank: ActorRolloutRefWorker (the actor and the reference model, both FSDP2, and a rollout
+engine) and CriticWorker (the value model of PPO, FSDP2).
 
-The three roles share one process per device, as in verl's hybrid engine. The driver calls the `@register`-ed
-methods through a RayWorkerGroup; DP_COMPUTE_PROTO methods receive this rank's share of the batch.
+The actor's three roles share one process per device, as in verl's hybrid engine; the critic is a second worker
+group on the same ranks. The driver calls the `@register`-ed methods through a RayWorkerGroup; DP_COMPUTE_PROTO
+methods receive this rank's share of the batch.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from verl.utils.fsdp_utils import build_optimizer, move_optimizer_state, shard_m
 from verl.utils.import_utils import import_external_libs
 from verl.utils.lora import apply_lora, lora_scaling, merge_lora_items
 from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.critic.dp_critic import DataParallelPPOCritic
 from verl.workers.rollout.agent_loop import build_agent_loop
 from verl.workers.rollout.base import (
     SamplingParams,
@@ -120,10 +123,65 @@ def _is_dim0_sharded(tensor: DTensor) -> bool:
     return tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),) and tensor.dim() > 0
 
 
+def start_rank(worker: Worker, device: str, seed: int) -> None:
+    """Join the worker group's process group, take this rank's GPU and seed torch with seed + rank."""
+    worker.init_process_group(device)
+    if device == "cuda":
+        # Ray shows each actor only its own GPU, so local ranks map onto the visible devices.
+        torch.cuda.set_device(worker.local_rank % torch.cuda.device_count())
+    torch.manual_seed(seed + worker.rank)
+
+
+def rank_device(device: str) -> torch.device:
+    """This rank's torch device: its own GPU (Ray shows each rank only that one) or the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+
+
+def optimizer_from_config(model: torch.nn.Module, optim: DictConfig):
+    """AdamW and its lr schedule from an `optim` node (the actor's or the critic's); warmup: lr_warmup_steps when
+    > 0, else lr_warmup_steps_ratio of optim.total_training_steps (which the trainer sets)."""
+    total = max(1, int(optim.total_training_steps))
+    warmup = int(optim.lr_warmup_steps) if optim.lr_warmup_steps > 0 else int(optim.lr_warmup_steps_ratio * total)
+    return build_optimizer(model, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
+                           total_steps=total, warmup_steps=warmup,
+                           scheduler=optim.warmup_style or optim.lr_scheduler_type, num_cycles=optim.num_cycles,
+                           min_lr_ratio=optim.min_lr_ratio)
+
+
+@contextlib.contextmanager
+def optimizer_on_device(optimizer: torch.optim.Optimizer, offload: bool):
+    """With `offload` (fsdp_config.optimizer_offload on CUDA), the optimizer state is on the GPU inside the block and
+    in host memory between updates."""
+    if offload:
+        move_optimizer_state(optimizer, torch.cuda.current_device())
+    yield
+    if offload:
+        move_optimizer_state(optimizer, "cpu")
+        torch.cuda.empty_cache()
+
+
+def save_checkpoint_dir(local_path: str, rank: int, world_size: int, module: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer, lr_scheduler, tokenizer, save_contents,
+                        generation_config=None) -> None:
+    """This rank's shard, optimizer, lr scheduler and RNG states under `local_path` (rank 0 adds the HF config and
+    tokenizer); with `hf_model` in save_contents, rank 0 then merges the shards into `local_path/huggingface`.
+    A collective: every rank calls it."""
+    save_rank_checkpoint(local_path, rank, world_size, module, optimizer, lr_scheduler, hf_config=module.config,
+                         tokenizer=tokenizer, generation_config=generation_config)
+    torch.distributed.barrier()
+    if "hf_model" in (save_contents or []):
+        if rank == 0:  # verl's save_contents hf_model: the full model, loadable by from_pretrained
+            from verl.model_merger.fsdp_model_merger import merge_checkpoint
+
+            merge_checkpoint(local_path, os.path.join(local_path, "huggingface"))
+        torch.distributed.barrier()
+
+
 class ActorRolloutRefWorker(Worker):
     """Holds the models of one rank. `config` is the `actor_rollout_ref` node of the trainer config."""
 
-    def __init__(self, config: DictConfig, role: str, device: str = "cpu", seed: int = 0):
+    def __init__(self, config: DictConfig, role: str, device: str = "cpu", seed: int = 0,
+                 plugins: list[str] | None = None):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"unknown worker role {role!r}; expected one of {ROLES}")
@@ -134,14 +192,11 @@ class ActorRolloutRefWorker(Worker):
         # Optimizer state in host memory between updates (CUDA; on CPU it is there anyway).
         self._offload_optimizer = device == "cuda" and bool(config.actor.fsdp_config.get("optimizer_offload"))
         import_external_libs(config.model.get("external_lib"))  # what the user's modules register, here too
+        import_external_libs(plugins, key="trainer.plugins")
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
-        self.init_process_group(device)
-        if device == "cuda":
-            # Ray shows each actor only its own GPU, so local ranks map onto the visible devices.
-            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
-        torch.manual_seed(seed + self.rank)
+        start_rank(self, device, seed)
         self._normalize_batch_sizes()
 
     def _normalize_batch_sizes(self):
@@ -172,22 +227,12 @@ class ActorRolloutRefWorker(Worker):
         )
         return model.to(self._torch_device)
 
-    def _build_optimizer(self, model: torch.nn.Module):
-        optim = self.config.actor.optim
-        total = max(1, int(optim.total_training_steps))
-        warmup = int(optim.lr_warmup_steps) if optim.lr_warmup_steps > 0 else int(optim.lr_warmup_steps_ratio * total)
-        return build_optimizer(model, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay,
-                               total_steps=total, warmup_steps=warmup,
-                               scheduler=optim.warmup_style or optim.lr_scheduler_type, num_cycles=optim.num_cycles,
-                               min_lr_ratio=optim.min_lr_ratio)
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         """Load the HF model, shard the actor and reference with FSDP2, build the optimizer and the rollout engine."""
         from transformers import AutoTokenizer
 
-        self._torch_device = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else (
-            torch.device("cpu"))
+        self._torch_device = rank_device(self.device)
         self._mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("fsdp",))
         model_cfg = self.config.model
         self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path or model_cfg.path),
@@ -201,7 +246,8 @@ class ActorRolloutRefWorker(Worker):
                 model = apply_lora(model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules,
                                    model_cfg.get("exclude_modules"))
             self.actor_module = shard_model(model, self._mesh, self.device, self.config.actor.fsdp_config)
-            self.actor_optimizer, self.actor_lr_scheduler = self._build_optimizer(self.actor_module)
+            self.actor_optimizer, self.actor_lr_scheduler = optimizer_from_config(self.actor_module,
+                                                                            self.config.actor.optim)
             self.actor = DataParallelPPOActor(self.config.actor, self.actor_module, self.actor_optimizer,
                                               use_remove_padding=model_cfg.use_remove_padding)
         if self._is_ref and self._lora:  # the base model is the actor with its adapter switched off
@@ -337,11 +383,16 @@ class ActorRolloutRefWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """`old_log_probs` and `entropys` of the responses under the current actor weights."""
+        """`old_log_probs` and `entropys` of the responses under the current actor weights, and with
+        actor.calculate_sum_pi_squared the `sum_pi_squared` the optimal token baseline reads."""
         self._log_prob_meta(data, self.config.rollout)
-        log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=True)
-        return DataProto.from_dict(tensors={"old_log_probs": log_probs, "entropys": entropys},
-                                   meta_info={"temperature": data.meta_info["temperature"]})
+        with_sum_pi_squared = bool(self.config.actor.calculate_sum_pi_squared)
+        log_probs, entropys, *extra = self.actor.compute_log_prob(data, calculate_entropy=True,
+                                                                  calculate_sum_pi_squared=with_sum_pi_squared)
+        tensors = {"old_log_probs": log_probs, "entropys": entropys}
+        if with_sum_pi_squared:
+            tensors["sum_pi_squared"] = extra[0]
+        return DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -357,12 +408,8 @@ class ActorRolloutRefWorker(Worker):
         """One PPO update on this rank's share, an lr-scheduler step, then the new weights go to the rollout."""
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
         start = time.perf_counter()
-        if self._offload_optimizer:
-            move_optimizer_state(self.actor_optimizer, torch.cuda.current_device())
-        metrics = self.actor.update_policy(data)
-        if self._offload_optimizer:  # fsdp_config.optimizer_offload: host memory until the next update
-            move_optimizer_state(self.actor_optimizer, "cpu")
-            torch.cuda.empty_cache()
+        with optimizer_on_device(self.actor_optimizer, self._offload_optimizer):
+            metrics = self.actor.update_policy(data)
         metrics["perf/update_actor_seconds"] = [time.perf_counter() - start]
         metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
         self.actor_lr_scheduler.step()
@@ -379,18 +426,11 @@ class ActorRolloutRefWorker(Worker):
         Retention (`max_ckpt_to_keep`) and the atomic rename are the driver's job; the arguments keep verl's call.
         """
         module = self.actor_module
-        save_rank_checkpoint(local_path, self.rank, self.world_size, module, self.actor_optimizer,
-                             self.actor_lr_scheduler, hf_config=module.config, tokenizer=self.tokenizer,
-                             generation_config=module.generation_config)
         if self._lora and self.rank == 0:  # what the merger needs to fold (or export) the adapter
             module.peft_config["default"].save_pretrained(os.path.join(local_path, "lora_adapter"))
-        torch.distributed.barrier()
-        if "hf_model" in (self.config.actor.checkpoint.get("save_contents") or []):
-            if self.rank == 0:  # verl's save_contents hf_model: the full model, loadable by from_pretrained
-                from verl.model_merger.fsdp_model_merger import merge_checkpoint
-
-                merge_checkpoint(local_path, os.path.join(local_path, "huggingface"))
-            torch.distributed.barrier()
+        save_checkpoint_dir(local_path, self.rank, self.world_size, module, self.actor_optimizer,
+                            self.actor_lr_scheduler, self.tokenizer, self.config.actor.checkpoint.get("save_contents"),
+                            generation_config=module.generation_config)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
@@ -423,3 +463,107 @@ class ActorRolloutRefWorker(Worker):
         self._ensure_rollout_weights()
         actor = sum(float(t.double().sum()) for _, t in full_state_dict_items(self.actor_module))
         return {"actor": actor, "rollout": self.rollout.weights_checksum()}
+
+
+class CriticWorker(Worker):
+    """One rank of the critic (verl's Role.Critic): the value model sharded with FSDP2, its optimizer and lr
+    schedule. `config` is the trainer config's `critic` node, with `model.path` and `model.tokenizer_path` filled in
+    (the trainer puts the actor's there when they are null)."""
+
+    def __init__(self, config: DictConfig, device: str = "cpu", seed: int = 0, plugins: list[str] | None = None):
+        super().__init__()
+        self.config = copy.deepcopy(config)
+        self.device = device
+        self.seed = seed
+        self._offload_optimizer = device == "cuda" and bool(config.model.fsdp_config.get("optimizer_offload"))
+        import_external_libs(config.model.get("external_lib"))
+        import_external_libs(plugins, key="trainer.plugins")
+        start_rank(self, device, seed)
+        self._normalize_batch_sizes()
+
+    def _normalize_batch_sizes(self):
+        """The global, per-prompt batch sizes of the config as sequences per rank (as verl does)."""
+        cfg = self.config
+        with open_dict(cfg):
+            cfg.ppo_mini_batch_size = cfg.ppo_mini_batch_size * cfg.rollout_n // self.world_size
+            for kind in ("ppo", "forward"):
+                if cfg[f"{kind}_micro_batch_size"] is not None:
+                    cfg[f"{kind}_micro_batch_size_per_gpu"] = max(1, cfg[f"{kind}_micro_batch_size"] // self.world_size)
+
+    def _load_value_model(self):
+        """The model at critic.model.path with a scalar value head: verl's AutoModelForTokenClassification with
+        num_labels=1 and no dropout. A causal-LM checkpoint loads its body; the head is new, initialised the same
+        on every rank."""
+        from transformers import AutoConfig, AutoModelForTokenClassification
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        model_cfg = self.config.model
+        path, trust = os.path.expanduser(model_cfg.path), model_cfg.trust_remote_code
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
+        config.classifier_dropout = 0.0
+        for key, value in OmegaConf.to_container(model_cfg.override_config, resolve=True).items():
+            setattr(config, key, value)
+        config.num_labels = 1
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
+                                                                    trust_remote_code=trust)
+        model.config.architectures = [type(model).__name__]  # what the merger rebuilds from the saved config
+        return model.to(self._torch_device)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def init_model(self):
+        """Load the value model, shard it with FSDP2, build its optimizer and lr schedule. Not blocking: the driver
+        gets a future, so that the critic loads while the actor does."""
+        from transformers import AutoTokenizer
+
+        self._torch_device = rank_device(self.device)
+        self._mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("fsdp",))
+        model_cfg = self.config.model
+        self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path),
+                                                       trust_remote_code=model_cfg.trust_remote_code)
+        model = self._load_value_model()
+        if model_cfg.enable_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.critic_module = shard_model(model, self._mesh, self.device, model_cfg.fsdp_config)
+        self.critic_optimizer, self.critic_lr_scheduler = optimizer_from_config(self.critic_module, self.config.optim)
+        self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
+                                            use_remove_padding=model_cfg.use_remove_padding)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """`values` `(bs, response_len)` of this rank's responses under the current critic weights."""
+        return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """One value update on this rank's share (`values`, `returns`), then an lr-scheduler step."""
+        start = time.perf_counter()
+        with optimizer_on_device(self.critic_optimizer, self._offload_optimizer):
+            metrics = self.critic.update_critic(data)
+        metrics["perf/update_critic_seconds"] = [time.perf_counter() - start]
+        metrics["critic/lr"] = [self.critic_lr_scheduler.get_last_lr()[0]]
+        self.critic_lr_scheduler.step()
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
+                        max_ckpt_to_keep: int | None = None):
+        """Write this rank's critic shard, optimizer, lr scheduler and RNG states under `local_path` (the layout of
+        the actor's; the merger turns it into an AutoModelForTokenClassification)."""
+        save_checkpoint_dir(local_path, self.rank, self.world_size, self.critic_module, self.critic_optimizer,
+                            self.critic_lr_scheduler, self.tokenizer, self.config.checkpoint.get("save_contents"))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = False):
+        """Restore this rank's critic state from `local_path`."""
+        load_rank_checkpoint(local_path, self.rank, self.world_size, self.critic_module, self.critic_optimizer,
+                             self.critic_lr_scheduler)
+        if self._offload_optimizer:
+            move_optimizer_state(self.critic_optimizer, "cpu")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_fingerprint(self) -> dict[str, float]:
+        """The sum of the critic's weights (used by tests to see updates)."""
+        return {"critic": sum(float(t.double().sum()) for _, t in full_state_dict_items(self.critic_module))}

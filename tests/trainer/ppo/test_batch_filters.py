@@ -277,6 +277,7 @@ def stub_trainer(tmp_path, **overrides):
                     "trainer.max_actor_ckpt_to_keep": None, **overrides})
     trainer = RayPPOTrainer.__new__(RayPPOTrainer)
     trainer.config, trainer.global_steps, trainer.epoch = cfg, 1, 0
+    trainer.use_critic = False
     trainer.actor_rollout_wg = StubWorkers()
     trainer.train_dataloader = StubLoader()
     trainer.batch_filter = build_batch_filter(cfg)

@@ -42,3 +42,14 @@ def test_explicit_modes_win():
 def test_a_bad_mode_names_the_key():
     with pytest.raises(ConfigError, match="algorithm.rollout_correction.bypass_mode='sometimes'"):
         validate_ppo_config(load_config(overrides=[*BASE, "algorithm.rollout_correction.bypass_mode=sometimes"]))
+
+
+@pytest.mark.parametrize("overrides", [("algorithm.rollout_correction.rollout_is=token",),
+                                       ("algorithm.rollout_correction.rollout_rs=token_k1",
+                                        "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0"),
+                                       ("algorithm.adv_estimator=optimal_token_baseline",
+                                        "actor_rollout_ref.actor.calculate_sum_pi_squared=true")])
+def test_auto_recomputes_when_the_step_needs_the_actors_own_pass(overrides):
+    """Rollout correction compares the actor's log-probs with the engine's; the optimal token baseline reads the
+    actor's sum of squared probabilities. Both need the pass even where auto would skip it."""
+    assert _source(*overrides) == "recompute"

@@ -22,18 +22,46 @@ class KLControlConfig(Section):
     target_kl: float
 
     def check(self, problems: list[str]) -> None:
-        from verl.trainer.ppo.core_algos import get_kl_controller
+        from verl.algorithms.kl import get_kl_controller
 
         check_with(get_kl_controller, self, problems=problems)
 
 
 @config_section(f"{ALGORITHM}.rollout_correction")
 class RolloutCorrectionConfig(Section):
+    """Where the old log-probs come from, and the importance weights and rejection of tokens whose rollout
+    log-probs differ from the actor's (formulas and rules: verl/trainer/ppo/rollout_corr_helper.py)."""
+
     bypass_mode: Any  # auto | true | false
+    rollout_is: str | None  # null | token | sequence
+    rollout_is_threshold: Any  # C (truncation) or "lower_upper" (IcePop)
+    rollout_is_batch_normalize: bool
+    rollout_rs: str | None  # null or comma-separated criteria: token_k1, seq_mean_k3, ...
+    rollout_rs_threshold: Any  # one per criterion or one for all: a number or "lower_upper"
+    rollout_rs_threshold_lower: float | None  # verl 0.6's lower ratio bound
+    rollout_token_veto_threshold: float | None  # verl 0.6's per-token veto
+    loss_type: str  # ppo_clip
 
     def check(self, problems: list[str]) -> None:
-        need(self.bypass_mode in BYPASS_MODES, f"{self.__config_prefix__}.bypass_mode={self.bypass_mode!r} must be "
-             "auto, true or false", problems)
+        from verl.trainer.ppo import rollout_corr_helper as corr
+
+        p = self.__config_prefix__
+        need(self.bypass_mode in BYPASS_MODES, f"{p}.bypass_mode={self.bypass_mode!r} must be auto, true or false",
+             problems)
+        need(self.rollout_is in (None, *corr.IS_LEVELS), f"{p}.rollout_is={self.rollout_is!r} must be null, token "
+             "or sequence", problems)
+        check_with(corr.parse_is_threshold, self.rollout_is_threshold, problems=problems)
+        check_with(corr.parse_rs_criteria, self.rollout_rs, self.rollout_rs_threshold,
+                   self.rollout_rs_threshold_lower, problems=problems)
+        veto = self.rollout_token_veto_threshold
+        need(veto is None or 0 < veto < 1, f"{p}.rollout_token_veto_threshold={veto} must be null or in (0, 1) "
+             "(a ratio pi_old / pi_rollout below which a token rejects its sequence)", problems)
+        need(self.loss_type == "ppo_clip", f"{p}.loss_type={self.loss_type!r}: only ppo_clip is available (the "
+             "actor's policy loss); verl's reinforce bypass loss is not", problems)
+        if self.bypass_mode in (True, "true"):
+            need(not corr.correction_enabled(self), f"{p}.bypass_mode=true makes the old log-probs the rollout's, so "
+                 "rollout_is / rollout_rs / rollout_token_veto_threshold would compare them with themselves (every "
+                 f"weight 1, nothing rejected); set {p}.bypass_mode=false or auto", problems)
 
 
 @config_section(f"{ALGORITHM}.filter_groups")
@@ -53,6 +81,8 @@ class AlgoConfig(Section):
     gamma: float
     lam: float
     norm_adv_by_std_in_grpo: bool
+    gdpo_reward_keys: list[str] | None  # gdpo: reward components (columns of the reward function's dict)
+    gdpo_reward_weights: list[float] | None
     use_kl_in_reward: bool
     kl_penalty: str
     kl_ctrl: KLControlConfig
@@ -69,14 +99,16 @@ class AlgoConfig(Section):
     std_filter_beta_per_data_source: str | None
 
     def check(self, problems: list[str]) -> None:
-        from verl.trainer.ppo import core_algos
+        from verl.algorithms.estimators.gdpo import check_gdpo_weights
+        from verl.algorithms.kl import KL_ESTIMATORS
+        from verl.algorithms.registry import ADV_ESTIMATOR_REGISTRY
         from verl.trainer.ppo.filters import EmaStdFilter, parse_source_multipliers
 
         p = self.__config_prefix__
-        registry = core_algos.ADV_ESTIMATOR_REGISTRY
+        registry = ADV_ESTIMATOR_REGISTRY
         need(self.adv_estimator in registry, f"{p}.adv_estimator={self.adv_estimator!r} is not a registered name; "
              f"known advantage estimators: {', '.join(sorted(registry))}", problems)
-        kl_names = core_algos.KL_ESTIMATORS
+        kl_names = KL_ESTIMATORS
         need(str(self.kl_penalty).rstrip("+") in kl_names, f"{p}.kl_penalty={self.kl_penalty!r} must be one of "
              f"{', '.join(kl_names)} (optionally with a trailing +)", problems)
         need(self.filter_mode in FILTER_MODES, f"{p}.filter_mode={self.filter_mode!r} must be default or ema_std",
@@ -85,3 +117,4 @@ class AlgoConfig(Section):
             check_with(EmaStdFilter, self.std_filter_beta, self.filter_ema_ratio, self.filter_ema_start_step,
                   self.filter_start_step, problems=problems)
         check_with(parse_source_multipliers, self.std_filter_beta_per_data_source, problems=problems)
+        check_with(check_gdpo_weights, self.gdpo_reward_keys, self.gdpo_reward_weights, problems=problems)

@@ -92,9 +92,47 @@ class SandboxFusionConfig(Section):
     url: str | None
 
 
+@config_section("reward_model.model.fsdp_config.wrap_policy")
+class RewardModelWrapPolicyConfig(Section):
+    min_num_params: int
+
+
+@config_section("reward_model.model.fsdp_config")
+class RewardModelFSDPConfig(Section):
+    param_offload: bool
+    reshard_after_forward: bool | None  # null: true on CUDA, false on CPU
+    fsdp_size: int
+    forward_prefetch: bool
+    wrap_policy: RewardModelWrapPolicyConfig
+
+
+@config_section("reward_model.model")
+class RewardModelModelConfig(Section):
+    path: str | None
+    input_tokenizer: str | None  # the policy's tokenizer; null: the RM reads the policy's tokens as they are
+    external_lib: Any
+    trust_remote_code: bool
+    use_remove_padding: bool
+    fsdp_config: RewardModelFSDPConfig
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        for key in ("path", "input_tokenizer"):
+            path = getattr(self, key)
+            need(path is None or os.path.isdir(os.path.expanduser(path)), f"{p}.{key}: not a local model directory: "
+                 f"{path} (a Hugging Face Hub id, owner/name, is fetched into the Hugging Face cache first)", problems)
+
+
 @config_section("reward_model")
 class RewardModelConfig(Section):
     enable: bool
+    strategy: str
+    model: RewardModelModelConfig
+    micro_batch_size: int | None  # deprecated, global; micro_batch_size_per_gpu is per rank
+    micro_batch_size_per_gpu: int | None
+    max_length: int | None
+    use_dynamic_bsz: bool
+    forward_max_token_len_per_gpu: int
     reward_manager: str
     code_execution: CodeExecutionConfig
     overlong_buffer: OverlongBufferConfig
@@ -121,7 +159,25 @@ class RewardModelConfig(Section):
         from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
 
         p = self.__config_prefix__
-        need(not self.enable, f"{p}.enable=true (a model reward) is not available yet", problems)
+        need(self.strategy in ("fsdp", "fsdp2"), f"{p}.strategy={self.strategy!r}: Quiver shards the reward model "
+             "with FSDP2; use fsdp2 (or fsdp)", problems)
+        for key in ("micro_batch_size", "micro_batch_size_per_gpu", "max_length"):
+            value = getattr(self, key)
+            need(value is None or value >= 1, f"{p}.{key}={value} must be >= 1 (or null)", problems)
+        need(self.forward_max_token_len_per_gpu >= 1, f"{p}.forward_max_token_len_per_gpu="
+             f"{self.forward_max_token_len_per_gpu} must be a positive integer", problems)
+        if self.use_dynamic_bsz and self.max_length is not None:
+            need(self.forward_max_token_len_per_gpu >= self.max_length, f"{p}.forward_max_token_len_per_gpu="
+                 f"{self.forward_max_token_len_per_gpu} must be at least {p}.max_length={self.max_length} (one "
+                 "sequence per micro-batch at least)", problems)
+        if self.micro_batch_size is not None and self.micro_batch_size_per_gpu is not None:
+            problems.append(f"set only one of {p}.micro_batch_size (deprecated, global) and micro_batch_size_per_gpu")
+        if self.enable:
+            need(self.model.path is not None, f"{p}.enable=true needs {p}.model.path: the reward model's directory "
+                 "(an AutoModelForSequenceClassification with one label)", problems)
+            need(self.reward_manager != "prob", f"{p}.enable=true does not go with {p}.reward_manager=prob: RLPR's "
+                 "manager rewards with the policy's own probabilities and would ignore the reward model's scores",
+                 problems)
         for key in ("reward_manager", "val_reward_manager"):
             name = getattr(self, key)
             need(name is None or name in REWARD_MANAGER_REGISTRY, f"{p}.{key}={name!r} is not a registered reward "
@@ -167,6 +223,7 @@ class TrainerConfig(Section):
     cache_dir: str
     seed: int
     use_legacy_worker_impl: Any
+    plugins: list[str]  # the user's modules, imported before the config check (like model.external_lib)
 
     def check(self, problems: list[str]) -> None:
         p = self.__config_prefix__

@@ -6,10 +6,12 @@ value and the fix. It also resolves the seed projects' loss switches into `polic
 
 from __future__ import annotations
 
+import inspect
 import json
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from verl.algorithms.registry import get_adv_estimator_fn
 from verl.trainer.config.schema import PPOTrainerConfig
 from verl.utils.config import ConfigError, need, resolve_device
 from verl.utils.typed_config import build_section, check_config_types, check_with
@@ -80,6 +82,61 @@ def check_batch_sizes(config: PPOTrainerConfig, problems: list[str]) -> None:
                  f"data.max_response_length = {seq_len}", problems)
 
 
+def critic_enabled(config) -> bool:
+    """Whether the run trains a critic: `critic.enable`, and when null, exactly when algorithm.adv_estimator=gae
+    (verl's rule)."""
+    enable = config.critic.enable
+    return bool(enable) if enable is not None else config.algorithm.adv_estimator == "gae"
+
+
+def processes_per_rank(config) -> int:
+    """Worker processes on each rank (its resource bundle): the actor's, the critic's and the reward model's."""
+    return 1 + critic_enabled(config) + bool(config.reward_model.enable)
+
+
+def check_critic(config: PPOTrainerConfig, problems: list[str]) -> None:
+    """GAE needs a critic; the critic's batch sizes count prompts like the actor's, split over the same ranks."""
+    critic, data, trainer = config.critic, config.data, config.trainer
+    if config.algorithm.adv_estimator == "gae":
+        need(critic_enabled(config), "algorithm.adv_estimator=gae needs the critic's values, but critic.enable=false; "
+             "set critic.enable=true (or null), or choose an estimator without a critic (e.g. grpo)", problems)
+    if not critic_enabled(config):
+        return
+    n_ranks, n = trainer.nnodes * trainer.n_gpus_per_node, critic.rollout_n
+    bsz, mini = data.train_batch_size, critic.ppo_mini_batch_size
+    need(bsz % mini == 0, f"data.train_batch_size={bsz} must be divisible by critic.ppo_mini_batch_size={mini}",
+         problems)
+    need(mini * n % n_ranks == 0,
+         f"critic.ppo_mini_batch_size * critic.rollout_n = {mini} * {n} = {mini * n} must be divisible by the number "
+         f"of ranks {n_ranks} (trainer.nnodes * trainer.n_gpus_per_node)", problems)
+    micro = critic.ppo_micro_batch_size_per_gpu
+    if critic.ppo_micro_batch_size is not None:
+        micro = max(1, critic.ppo_micro_batch_size // n_ranks)
+    if not critic.use_dynamic_bsz and micro is not None and mini * n % n_ranks == 0:
+        per_rank = mini * n // n_ranks
+        need(micro >= 1 and per_rank % micro == 0, f"the critic's per-rank mini-batch (critic.ppo_mini_batch_size "
+             f"* rollout_n / ranks = {per_rank}) must be divisible by critic.ppo_micro_batch_size_per_gpu={micro}",
+             problems)
+    if critic.use_dynamic_bsz:
+        seq_len = data.max_prompt_length + data.max_response_length
+        for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
+            need(getattr(critic, key) >= seq_len, f"critic.{key}={getattr(critic, key)} must be at least "
+                 f"data.max_prompt_length + data.max_response_length = {seq_len}", problems)
+
+
+def check_estimator_inputs(config: PPOTrainerConfig, problems: list[str]) -> None:
+    """An estimator that takes `sum_pi_squared` (the optimal token baseline) reads it from the actor's old-log-prob
+    pass: the pass must compute it and must run (no bypass to the rollout's log-probs)."""
+    name = config.algorithm.adv_estimator
+    if "sum_pi_squared" not in inspect.signature(get_adv_estimator_fn(name)).parameters:
+        return
+    need(config.actor_rollout_ref.actor.calculate_sum_pi_squared, f"algorithm.adv_estimator={name} needs the "
+         "actor's sum_pi_squared: set actor_rollout_ref.actor.calculate_sum_pi_squared=true", problems)
+    bypass = config.algorithm.rollout_correction.bypass_mode
+    need(bypass not in (True, "true"), f"algorithm.adv_estimator={name} needs the actor's old-log-prob pass, which "
+         "algorithm.rollout_correction.bypass_mode=true skips; set it to auto or false", problems)
+
+
 def check_group_filters(config: PPOTrainerConfig, problems: list[str]) -> None:
     """Which of DAPO's refill, Archer's rejection and RLPR's EMA-std filter go together, and DAPO's overlong shaping
     against the response length."""
@@ -128,6 +185,8 @@ def validate_ppo_config(cfg: DictConfig) -> PPOTrainerConfig:
     if not problems:  # the rules across sections read values the sections' own rules vouch for
         check_batch_sizes(config, problems)
         check_group_filters(config, problems)
+        check_critic(config, problems)
+        check_estimator_inputs(config, problems)
         check_engine(cfg, problems)
     if problems:
         raise ConfigError("the config has problems:\n  - " + "\n  - ".join(problems))
@@ -159,13 +218,12 @@ INERT_KEYS: dict[str, str] = {
     "actor_rollout_ref.ref.fsdp_config.model_dtype": "the reference model is loaded in float32",
     "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params": "each decoder layer is one FSDP2 unit",
     "actor_rollout_ref.rollout.layered_summon": "the weight push gathers one tensor at a time already",
-    "critic.enable": "no critic yet (GAE is not available); the estimators here need none",
-    "critic.strategy": "no critic yet",
-    "critic.ppo_mini_batch_size": "no critic yet",
-    "critic.ppo_micro_batch_size_per_gpu": "no critic yet",
-    "critic.cliprange_value": "no critic yet",
-    "critic.optim.lr": "no critic yet",
-    "critic.model.path": "no critic yet",
+    "critic.ulysses_sequence_parallel_size": "no sequence parallelism: each rank holds whole sequences",
+    "critic.model.fsdp_config.fsdp_size": "every rank is one FSDP2 shard of the critic",
+    "critic.model.fsdp_config.model_dtype": "the critic is loaded in float32 (bf16 compute on CUDA comes from "
+                                            "fsdp_config.dtype)",
+    "critic.model.fsdp_config.wrap_policy.min_num_params": "each decoder layer is one FSDP2 unit",
+    "critic.checkpoint.load_contents": "a resume always loads model, optimizer and extra state",
     "reward_model.launch_reward_fn_async": "rewards are computed on the driver right after generation",
     "trainer.use_legacy_worker_impl": "there is one worker implementation",
     "ray_kwargs.timeline_json_file": "no Ray timeline is written",

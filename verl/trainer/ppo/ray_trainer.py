@@ -1,7 +1,8 @@
 """RayPPOTrainer: the single controller that runs the RL step as one readable loop.
 
-The driver holds the data, computes rewards and advantages; the worker group holds the models. A step:
-prompts -> rollout -> reward -> old (and reference) log-probs -> advantage -> actor update (+ weight sync).
+The driver holds the data, computes rewards and advantages; the worker groups hold the models. A step:
+prompts -> rollout -> reward -> old (and reference) log-probs -> values (with a critic) -> advantage
+-> critic update -> actor update (+ weight sync).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.batch_filters import build_batch_filter
+from verl.trainer.ppo.config_rules import critic_enabled, processes_per_rank
 from verl.trainer.ppo.filters import overlong_filter, truncate_to_multiple
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch, correction_enabled
 from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, find_latest_ckpt_path, remove_old_checkpoints
 from verl.utils.config import option
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
@@ -32,7 +35,8 @@ from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
 from verl.utils.seqlen_balancing import balance_batch_partitions
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking, dump_generations
-from verl.workers.fsdp_workers import ActorRolloutRefWorker
+from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+from verl.workers.reward_model_worker import RewardModelWorker
 from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
 
 GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -54,18 +58,23 @@ def old_log_prob_source(config: DictConfig, num_sequences: int, device: str) -> 
     is the current one and the actor takes its own log-probs, detached, from the update's forward pass (what TRL does).
     "rollout": the rollout engine's log-probs (verl's "bypass").
 
-    bypass_mode=true -> rollout; false -> recompute; auto -> actor when on-policy and nothing reads old log-probs
-    before the update (KL in the reward, an estimator that takes them), else rollout when the engine's log-probs are
+    bypass_mode=true -> rollout; false, or auto with rollout_is / rollout_rs set or an estimator that reads
+    `sum_pi_squared` (the optimal token baseline) -> recompute; auto -> actor when on-policy and nothing reads old
+    log-probs before the update (KL in the reward, an estimator that takes them), else rollout when the engine's log-probs are
     the actor's up to float rounding (the HF engine on CPU without LoRA, plain sampling), else recompute.
     """
-    mode = option(config.algorithm.get("rollout_correction"), "bypass_mode", "algorithm.rollout_correction")
+    correction = config.algorithm.get("rollout_correction")
+    mode = option(correction, "bypass_mode", "algorithm.rollout_correction")
     if mode is True or mode == "true":
         return "rollout"
-    if mode is False or mode == "false":
+    if mode is False or mode == "false" or correction_enabled(correction):  # weights compare the two log-probs
         return "recompute"
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     estimator = core_algos.get_adv_estimator_fn(config.algorithm.adv_estimator)
-    estimator_reads = {"old_log_probs", "entropys"} & set(inspect.signature(estimator).parameters)
+    estimator_params = set(inspect.signature(estimator).parameters)
+    if "sum_pi_squared" in estimator_params:  # only the actor's pass sees the whole distribution
+        return "recompute"
+    estimator_reads = {"old_log_probs", "entropys"} & estimator_params
     on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size * rollout.n >= num_sequences
     if on_policy and not config.algorithm.use_kl_in_reward and not estimator_reads:
         return "actor"
@@ -97,8 +106,11 @@ def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, l
         "lam": lam,
         "norm_adv_by_std_in_grpo": norm_adv_by_std_in_grpo,
         "config": config,
+        "batch": data.batch,  # GDPO reads the prompt and attention mask, and the reward components below
+        "non_tensor_batch": data.non_tensor_batch,
     }
-    for key in ("values", "entropys", "old_log_probs", "ref_log_prob"):
+    for key in ("values", "entropys", "old_log_probs", "ref_log_prob", "reward_baselines", "sum_pi_squared",
+                "rollout_is_weights"):
         if key in data.batch:
             available[key] = data.batch[key]
     params = inspect.signature(fn).parameters
@@ -122,6 +134,15 @@ class RayPPOTrainer:
         self.use_reference_policy = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         if config.algorithm.use_kl_in_reward:
             self.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
+        # A value model (verl's Role.Critic): critic.enable, or with null, exactly when the estimator is GAE.
+        self.use_critic = critic_enabled(config)
+        self.critic_wg = self.rm_wg = None  # built by init_workers
+        if self.use_critic:
+            with open_dict(config):  # null paths: the actor's model (the value head is new) and tokenizer
+                critic_model, actor_model = config.critic.model, config.actor_rollout_ref.model
+                critic_model.path = critic_model.path or actor_model.path
+                critic_model.tokenizer_path = (critic_model.tokenizer_path or actor_model.tokenizer_path
+                                               or actor_model.path)
         self._create_dataloader(train_dataset, val_dataset, collate_fn)
         self.global_steps = 0
         self.epoch = 0
@@ -153,19 +174,36 @@ class RayPPOTrainer:
         self.total_training_steps = steps
         with open_dict(cfg):
             cfg.actor_rollout_ref.actor.optim.total_training_steps = steps
+            cfg.critic.optim.total_training_steps = steps
 
     # ------------------------------------------------------------------------------------------- workers
     def init_workers(self):
-        """One resource pool of nnodes x n_gpus_per_node ranks, one worker group holding actor/rollout(/ref)."""
+        """One resource pool of nnodes x n_gpus_per_node ranks, one worker group holding actor/rollout(/ref), and
+        on the same ranks a group for the critic and one for the reward model when the run has them (each rank's
+        bundle then holds one process per group). Every worker imports `trainer.plugins` as the driver did."""
         cfg = self.config
         self.resource_pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
-                                             use_gpu=self.device == "cuda", name_prefix="actor_rollout")
+                                             use_gpu=self.device == "cuda", name_prefix="actor_rollout",
+                                             max_colocate_count=processes_per_rank(cfg))
+        common = {"device": self.device, "plugins": list(cfg.trainer.plugins)}
         role = "actor_rollout_ref" if self.use_reference_policy else "actor_rollout"
         worker_cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=role,
-                                          device=self.device, seed=cfg.trainer.seed)
+                                          seed=cfg.trainer.seed, **common)
         self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, name_prefix="actor_rollout",
                                                device=self.device)
+        self.critic_wg = self.rm_wg = None
+        loading = []  # futures: the critic and the reward model load while the actor does
+        if self.use_critic:
+            critic_cls = RayClassWithInitArgs(CriticWorker, config=cfg.critic, seed=cfg.trainer.seed, **common)
+            self.critic_wg = RayWorkerGroup(self.resource_pool, critic_cls, name_prefix="critic", device=self.device)
+            loading.append(self.critic_wg.init_model())
+        if cfg.reward_model.enable:
+            rm_cls = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model, **common)
+            self.rm_wg = RayWorkerGroup(self.resource_pool, rm_cls, name_prefix="reward_model", device=self.device)
+            loading.append(self.rm_wg.init_model())
         self.actor_rollout_wg.init_model()
+        for future in loading:
+            future.get()
         self.rank_nodes = [info["node_id"] for info in self.actor_rollout_wg.node_info()]
         if cfg.trainer.nnodes > 1:
             where = ", ".join(f"rank {r}: node {node[:12]}" for r, node in enumerate(self.rank_nodes))
@@ -185,8 +223,25 @@ class RayPPOTrainer:
         return unpad_dataproto(self.actor_rollout_wg.compute_log_prob(padded), pad_size).batch["old_log_probs"]
 
     def shutdown(self):
-        self.actor_rollout_wg.shutdown()
+        for group in (self.actor_rollout_wg, self.critic_wg, self.rm_wg):
+            if group is not None:
+                group.shutdown()
         self.resource_pool.remove()
+
+    def _score_with_reward_model(self, batch: DataProto, metrics: dict | None = None) -> DataProto:
+        """With reward_model.enable, the reward model's `rm_scores` (its score on each response's last token) join
+        the batch; the reward manager then uses them (see verl/workers/reward_manager/naive.py)."""
+        if self.rm_wg is None:
+            return batch
+        tensors = ["input_ids", "attention_mask", "prompts", "responses"]
+        columns = [key for key in ("raw_prompt",) if key in batch.non_tensor_batch]
+        padded, pad_size = pad_dataproto_to_divisor(batch.select(batch_keys=tensors, non_tensor_batch_keys=columns),
+                                                    self.rm_wg.world_size)
+        scored = unpad_dataproto(self.rm_wg.compute_rm_score(padded), pad_size)
+        for key, values in scored.meta_info.pop("metrics", {}).items():
+            if metrics is not None:
+                metrics[key].extend(values)
+        return batch.union(scored)
 
     # ------------------------------------------------------------------------------------------- phases
     def _generate(self, gen_batch: DataProto, n: int) -> DataProto:
@@ -234,7 +289,7 @@ class RayPPOTrainer:
             gen_batch.meta_info["validate"] = True
             output = self._generate(gen_batch, val_n)
             output.meta_info.pop("metrics", None)
-            batch = batch.repeat(val_n, interleave=True).union(output)
+            batch = self._score_with_reward_model(batch.repeat(val_n, interleave=True).union(output))
             reward_tensor, extra_info = compute_reward(batch, self.val_reward_fn)
             batch_scores = reward_tensor.sum(-1).tolist()
             scores.extend(batch_scores)
@@ -265,9 +320,16 @@ class RayPPOTrainer:
             output = self._generate(gen_batch, n)
         for key, values in output.meta_info.pop("metrics", {}).items():
             gen_metrics[key].extend(values)
+        baselines = None
+        if self.config.algorithm.adv_estimator == "remax":
+            with _timer("gen_max", timing):
+                baselines = self._greedy_baselines(batch, gen_batch)
         batch = batch.repeat(n, interleave=True).union(output)
+        if baselines is not None:
+            batch.batch["reward_baselines"] = baselines.repeat_interleave(n)
 
         with _timer("reward", timing):
+            batch = self._score_with_reward_model(batch, gen_metrics)
             reward_tensor, reward_extra_info, reward_metrics = run_reward(batch, self.reward_fn)
             for key, value in reward_metrics.items():
                 gen_metrics[key].append(value)
@@ -277,6 +339,17 @@ class RayPPOTrainer:
                 column[:] = values
                 batch.non_tensor_batch[key] = column
         return batch, list(reward_extra_info)
+
+    def _greedy_baselines(self, prompts: DataProto, gen_batch: DataProto) -> torch.Tensor:
+        """ReMax (algorithm.adv_estimator=remax): the score of one greedy response per prompt, `(n_prompts,)`, the
+        baseline its sampled responses are compared with."""
+        greedy_input = gen_batch.select(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
+        greedy_input.meta_info = {**gen_batch.meta_info, "do_sample": False}
+        greedy = self._generate(greedy_input, 1)
+        greedy.meta_info.pop("metrics", None)
+        greedy = self._score_with_reward_model(prompts.repeat(1, interleave=True).union(greedy))
+        reward_tensor, _, _ = run_reward(greedy, self.reward_fn)
+        return reward_tensor.sum(dim=-1)
 
     def _collect_batch(self, prompt_batches, metrics: dict, timing: dict) -> DataProto | None:
         """Rollouts for one step as the batch filter keeps them, after the optional overlong filter and cut to a
@@ -357,6 +430,13 @@ class RayPPOTrainer:
         if self.use_reference_policy:
             with _timer("ref", timing):
                 batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+        if self.use_critic:
+            with _timer("values", timing):
+                batch = batch.union(self.critic_wg.compute_values(batch))
+
+        # Rollout correction (algorithm.rollout_correction): IS weights for the loss, rejected tokens out of the mask.
+        batch, correction_metrics = compute_rollout_correction_and_add_to_batch(batch, cfg.algorithm.rollout_correction)
+        metrics.update(correction_metrics)
 
         with _timer("adv", timing):
             if cfg.algorithm.use_kl_in_reward:
@@ -369,6 +449,11 @@ class RayPPOTrainer:
                                       norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
                                       config=cfg.algorithm)
 
+        if self.use_critic:
+            with _timer("update_critic", timing):
+                critic_update = self.critic_wg.update_critic(batch)
+            metrics.update(reduce_metrics(critic_update.meta_info["metrics"]))
+        # trainer.critic_warmup: the first steps train the critic alone.
         if self.global_steps > cfg.trainer.critic_warmup:
             with _timer("update_actor", timing):
                 update = self.actor_rollout_wg.update_actor(batch)
@@ -386,6 +471,8 @@ class RayPPOTrainer:
         root = self.checkpoint_root
         with atomic_step_dir(root, self.global_steps) as tmp:
             self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"), global_step=self.global_steps)
+            if self.use_critic:
+                self.critic_wg.save_checkpoint(os.path.join(tmp, "critic"), global_step=self.global_steps)
             driver_state = {"global_steps": self.global_steps, "epoch": self.epoch,
                             "dataloader": self.train_dataloader.state_dict()}
             if self.config.algorithm.use_kl_in_reward:
@@ -407,13 +494,16 @@ class RayPPOTrainer:
                 return
         else:
             path = os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
-        missing = [p for p in ("data.pt", os.path.join("actor", "fsdp_config.json"))
+        roles = ["actor", "critic"] if self.use_critic else ["actor"]
+        missing = [p for p in ["data.pt"] + [os.path.join(role, "fsdp_config.json") for role in roles]
                    if not os.path.exists(os.path.join(path, p))]
         if missing:
             raise FileNotFoundError(f"cannot resume from {path} (trainer.resume_mode={trainer_cfg.resume_mode}): "
                                     f"missing {missing}; point trainer.resume_from_path at a global_step_N directory")
         print(f"[checkpoint] resuming from {path}")
         self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
+        if self.use_critic:
+            self.critic_wg.load_checkpoint(os.path.join(path, "critic"))
         driver_state = torch.load(os.path.join(path, "data.pt"), weights_only=False)
         self.global_steps = driver_state["global_steps"]
         # A resumed dataloader continues the epoch it was saved in (a finished epoch yields no batch first).

@@ -1,6 +1,7 @@
 """The typed sections of `actor_rollout_ref`: model, actor (with optim, fsdp_config, checkpoint, policy_loss), ref,
-and the critic. Defaults are the shipped YAML's (`verl/utils/typed_config.py`); each class checks its own rules,
-calling the algorithms' own checks where an algorithm owns a rule (clip ranges, the entropy quantile)."""
+and the critic, whose optim, fsdp_config and checkpoint classes are the actor's with the critic's defaults. Defaults
+are the shipped YAML's (`verl/utils/typed_config.py`); each class checks its own rules, calling the algorithms' own
+checks where an algorithm owns a rule (clip ranges, the entropy quantile)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,23 @@ MODEL = "actor_rollout_ref.model"
 ACTOR = "actor_rollout_ref.actor"
 REF = "actor_rollout_ref.ref"
 LR_SCHEDULERS = ("constant", "cosine")
+
+
+def check_ppo_update(section: Section, problems: list[str]) -> None:
+    """The rules the actor's and the critic's update keys share: positive mini-batch size and epochs, an FSDP
+    strategy, one micro-batch setting at most, a known loss aggregation."""
+    from verl.algorithms.primitives import LOSS_AGG_MODES
+
+    p = section.__config_prefix__
+    for key in ("ppo_mini_batch_size", "ppo_epochs"):
+        need(getattr(section, key) >= 1, f"{p}.{key}={getattr(section, key)} must be a positive integer", problems)
+    need(section.strategy in ("fsdp", "fsdp2"), f"{p}.strategy={section.strategy!r}: Quiver trains with FSDP2 "
+         "(fsdp and fsdp2 both select it)", problems)
+    if section.ppo_micro_batch_size is not None and section.ppo_micro_batch_size_per_gpu is not None:
+        problems.append(f"set only one of {p}.ppo_micro_batch_size (deprecated, global) and "
+                        "ppo_micro_batch_size_per_gpu")
+    need(section.loss_agg_mode in LOSS_AGG_MODES, f"{p}.loss_agg_mode={section.loss_agg_mode!r} must be one of "
+         f"{', '.join(LOSS_AGG_MODES)}", problems)
 
 
 @config_section(MODEL)
@@ -112,9 +130,11 @@ class PolicyLossConfig(Section):
     ppo_kl_coef: float
     tau_pos: float  # sapo
     tau_neg: float
+    dro_beta: float  # dro
 
     def check(self, problems: list[str]) -> None:
-        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+        from verl.algorithms.losses.dro import check_dro_beta
+        from verl.algorithms.registry import POLICY_LOSS_REGISTRY
 
         need(self.loss_mode in POLICY_LOSS_REGISTRY, f"{self.__config_prefix__}.loss_mode={self.loss_mode!r} is not "
              f"a registered name; known policy losses: {', '.join(sorted(POLICY_LOSS_REGISTRY))}", problems)
@@ -122,6 +142,7 @@ class PolicyLossConfig(Section):
             need(getattr(self, key) > 0, f"{self.__config_prefix__}.{key}={getattr(self, key)} must be > 0", problems)
         need(self.clip_cov_lb < self.clip_cov_ub, f"{self.__config_prefix__}.clip_cov_lb={self.clip_cov_lb} must be "
              f"below clip_cov_ub={self.clip_cov_ub}", problems)
+        check_with(check_dro_beta, self.dro_beta, problems=problems)
 
 
 @config_section(ACTOR)
@@ -144,6 +165,7 @@ class ActorConfig(Section):
     entropy_coeff: float
     entropy_from_logits_with_chunking: bool
     entropy_checkpointing: bool
+    calculate_sum_pi_squared: bool  # the old-log-prob pass returns sum_pi_squared (optimal_token_baseline)
     use_kl_loss: bool
     kl_loss_coef: float
     kl_loss_type: str
@@ -174,26 +196,19 @@ class ActorConfig(Section):
     checkpoint: CheckpointConfig
 
     def check(self, problems: list[str]) -> None:
-        from verl.trainer.ppo import core_algos
-        from verl.trainer.ppo.policy_losses.aspo import aspo_dual_clip
-        from verl.trainer.ppo.policy_losses.entropy_split import check_token_entropy_quantile
+        from verl.algorithms.kl import KL_ESTIMATORS
+        from verl.algorithms.losses.aspo import aspo_dual_clip
+        from verl.algorithms.losses.entropy_split import check_token_entropy_quantile
+        from verl.algorithms.primitives import clip_config
 
         p = self.__config_prefix__
-        for key in ("ppo_mini_batch_size", "ppo_epochs"):
-            need(getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be a positive integer", problems)
-        need(self.strategy in ("fsdp", "fsdp2"), f"{p}.strategy={self.strategy!r}: Quiver trains with FSDP2 "
-             "(fsdp and fsdp2 both select it)", problems)
-        if self.ppo_micro_batch_size is not None and self.ppo_micro_batch_size_per_gpu is not None:
-            problems.append(f"set only one of {p}.ppo_micro_batch_size (deprecated, global) and "
-                            "ppo_micro_batch_size_per_gpu")
-        need(self.loss_agg_mode in core_algos.LOSS_AGG_MODES, f"{p}.loss_agg_mode={self.loss_agg_mode!r} must be one "
-             f"of {', '.join(core_algos.LOSS_AGG_MODES)}", problems)
-        kl_names = core_algos.KL_ESTIMATORS
+        check_ppo_update(self, problems)
+        kl_names = KL_ESTIMATORS
         need(str(self.kl_loss_type).rstrip("+") in kl_names, f"{p}.kl_loss_type={self.kl_loss_type!r} must be one "
              f"of {', '.join(kl_names)} (optionally with a trailing +)", problems)
         need(not self.use_dynamic_clip, f"{p}.use_dynamic_clip=true has no effect in Archer2.0 either and is not "
              "implemented; remove it", problems)
-        check_with(core_algos.clip_config, self, problems=problems)
+        check_with(clip_config, self, problems=problems)
         check_with(aspo_dual_clip, self, problems=problems)
         check_with(check_token_entropy_quantile, self.token_entropy_quantile, problems=problems)
 
@@ -224,23 +239,75 @@ class RefConfig(Section):
 
 
 @config_section("critic.optim")
-class CriticOptimConfig(Section):
-    lr: float
+class CriticOptimConfig(OptimConfig):
+    pass
+
+
+@config_section("critic.model.fsdp_config.wrap_policy")
+class CriticWrapPolicyConfig(WrapPolicyConfig):
+    pass
+
+
+@config_section("critic.model.fsdp_config")
+class CriticFSDPConfig(FSDPConfig):
+    wrap_policy: CriticWrapPolicyConfig
 
 
 @config_section("critic.model")
 class CriticModelConfig(Section):
-    path: str | None
+    path: str | None  # null: actor_rollout_ref.model.path
+    tokenizer_path: str | None  # null: the actor's tokenizer
+    override_config: dict[str, Any]
+    external_lib: Any
+    trust_remote_code: bool
+    enable_gradient_checkpointing: bool
+    use_remove_padding: bool
+    fsdp_config: CriticFSDPConfig
+
+    def check(self, problems: list[str]) -> None:
+        for key in ("path", "tokenizer_path"):
+            path = getattr(self, key)
+            need(path is None or os.path.isdir(os.path.expanduser(path)), f"{self.__config_prefix__}.{key}: not a "
+                 f"local model directory: {path} (a Hugging Face Hub id, owner/name, is fetched into the Hugging Face "
+                 "cache first)", problems)
+
+
+@config_section("critic.checkpoint")
+class CriticCheckpointConfig(CheckpointConfig):
+    pass
 
 
 @config_section("critic")
 class CriticConfig(Section):
-    """Kept so that verl scripts setting critic keys parse; no critic yet (config_rules.INERT_KEYS)."""
+    """The value model of PPO (verl's critic keys); used when `enable`, or when null with adv_estimator=gae."""
 
     enable: bool | None
     strategy: str
-    ppo_mini_batch_size: int
-    ppo_micro_batch_size_per_gpu: int | None
-    cliprange_value: float
+    rollout_n: int
     optim: CriticOptimConfig
     model: CriticModelConfig
+    ppo_mini_batch_size: int
+    ppo_micro_batch_size: int | None  # deprecated, global; ppo_micro_batch_size_per_gpu is per rank
+    ppo_micro_batch_size_per_gpu: int | None
+    forward_micro_batch_size: int | None
+    forward_micro_batch_size_per_gpu: int | None
+    use_dynamic_bsz: bool
+    ppo_max_token_len_per_gpu: int
+    forward_max_token_len_per_gpu: int
+    ppo_epochs: int
+    shuffle: bool
+    grad_clip: float | None  # null: optim.clip_grad
+    cliprange_value: float
+    loss_agg_mode: str
+    ulysses_sequence_parallel_size: int
+    checkpoint: CriticCheckpointConfig
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        check_ppo_update(self, problems)
+        need(self.rollout_n >= 1, f"{p}.rollout_n={self.rollout_n} must be a positive integer", problems)
+        for key in ("ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu", "forward_micro_batch_size",
+                    "forward_micro_batch_size_per_gpu"):
+            value = getattr(self, key)
+            need(value is None or value >= 1, f"{p}.{key}={value} must be >= 1 (or null)", problems)
+        need(self.cliprange_value > 0, f"{p}.cliprange_value={self.cliprange_value} must be > 0", problems)
