@@ -3,7 +3,7 @@ import pytest
 from verl.trainer.config import load_config
 from verl.trainer.main_ppo import main
 from verl.trainer.ppo.config_rules import validate_ppo_config
-from verl.utils.config import ConfigError, parse_cli
+from verl.utils.config import ConfigError, base_config, check_override_keys, parse_cli
 
 
 def test_defaults_load_and_validate():
@@ -244,3 +244,9 @@ def test_vllm_only_keys_are_announced_when_the_engine_is_hf(capsys):
                     "actor_rollout_ref.rollout.gpu_memory_utilization"]
     assert "only the vllm engine reads it, and this run's engine is hf" in capsys.readouterr().out
     assert announce_inert_keys(load_config(overrides=["actor_rollout_ref.rollout.name=vllm", *overrides])) == []
+
+
+def test_a_verl_key_quiver_does_not_carry_says_so_and_why():
+    with pytest.raises(ConfigError, match=r"critic.model.lora_rank .* is a verl key Quiver does not carry: the critic "
+                                          r"is always a full FSDP2 model"):
+        check_override_keys(base_config("ppo_trainer"), ["critic.model.lora_rank=8"])

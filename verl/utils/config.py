@@ -44,6 +44,16 @@ def _override_key(override: str) -> str | None:
     return override.split("=", 1)[0].strip()
 
 
+# verl keys Quiver does not carry, with the reason (an override of one is an error that says so, not "unknown key").
+NOT_CARRIED_KEYS: dict[str, str] = {
+    "critic.model.lora_rank": "the critic is always a full FSDP2 model (no LoRA critic); drop the key",
+    "critic.model.lora_alpha": "the critic is always a full FSDP2 model (no LoRA critic); drop the key",
+    "critic.model.target_modules": "the critic is always a full FSDP2 model (no LoRA critic); drop the key",
+    "critic.model.use_shm": "the critic is read from critic.model.path; drop the key",
+    "critic.model.enable_activation_offload": "the critic's activations stay on the device; drop the key",
+}
+
+
 def check_override_keys(base: DictConfig, overrides: Iterable[str]) -> None:
     """Raise ConfigError for overrides that name a key the config does not have."""
     known = _flatten(base)
@@ -51,6 +61,10 @@ def check_override_keys(base: DictConfig, overrides: Iterable[str]) -> None:
     for override in overrides:
         key = _override_key(override)
         if key is None or key in known:
+            continue
+        if key in NOT_CARRIED_KEYS:
+            problems.append(f"{key} (from the override '{override}') is a verl key Quiver does not carry: "
+                            f"{NOT_CARRIED_KEYS[key]}.")
             continue
         close = difflib.get_close_matches(key, known.keys(), n=3, cutoff=0.6)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""

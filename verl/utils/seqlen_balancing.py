@@ -3,7 +3,8 @@
 Two users:
 
 - dynamic batch size (`use_dynamic_bsz`): `rearrange_micro_batches` cuts one mini-batch into micro-batches whose
-  valid tokens (`attention_mask.sum(-1)`) each fit in `ppo_max_token_len_per_gpu`;
+  valid tokens (`attention_mask.sum(-1)`) each fit in `ppo_max_token_len_per_gpu` (`split_micro_batches` picks
+  it or a plain split by rows, `restore_order` puts outputs back in the batch's order);
 - batch balancing (`trainer.balance_batch`): `balance_batch_partitions` orders a batch so that after `chunk`
   every data-parallel rank holds about the same number of valid tokens.
 
@@ -26,6 +27,8 @@ __all__ = [
     "get_reverse_idx",
     "get_seqlen_balanced_partitions",
     "rearrange_micro_batches",
+    "restore_order",
+    "split_micro_batches",
 ]
 
 
@@ -180,6 +183,28 @@ def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
     for position, original in enumerate(idx_map):
         reverse[original] = position
     return reverse
+
+
+def split_micro_batches(batch: TensorDict, micro_batch_size: int | None,
+                        max_token_len: int | None) -> tuple[list[TensorDict], list[int] | None]:
+    """Cut a TensorDict into micro-batches of `micro_batch_size` rows (all rows when None), or by token budget with
+    `rearrange_micro_batches` when `max_token_len` is given.
+
+    Returns (micro_batches, index_map); index_map is None for plain splits and otherwise the original row index of
+    each row of the concatenated micro-batches (see `restore_order`).
+    """
+    if max_token_len is not None:
+        micro_batches, indices = rearrange_micro_batches(batch, max_token_len=max_token_len)
+        return micro_batches, [i for part in indices for i in part]
+    size = micro_batch_size or batch.batch_size[0]
+    return batch.split(size), None
+
+
+def restore_order(values: torch.Tensor, index_map: list[int] | None) -> torch.Tensor:
+    """`values` computed on the concatenated micro-batches of `split_micro_batches`, rows in the batch's order."""
+    if index_map is None:
+        return values
+    return values[torch.tensor(get_reverse_idx(index_map), dtype=torch.long, device=values.device)]
 
 
 def balance_batch_partitions(seqlens: Sequence[int], world_size: int) -> list[int]:

@@ -28,10 +28,9 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.fsdp_utils import reshard_all, shard_model
 from verl.utils.import_utils import import_external_libs
-from verl.utils.packing import pack_rows
-from verl.utils.seqlen_balancing import get_reverse_idx
+from verl.utils.packing import pack_rows, uses_varlen_attention
+from verl.utils.seqlen_balancing import restore_order, split_micro_batches
 from verl.utils.torch_functional import pad_2d_list_to_tensor
-from verl.workers.actor.dp_actor import VARLEN_ATTENTION, pack_first_fit, split_micro_batches
 from verl.workers.reward_manager.naive import last_valid_position
 
 logger = logging.getLogger(__name__)
@@ -127,7 +126,7 @@ class RewardModelWorker(Worker):
         self.module = shard_model(model.to(self._torch_device), mesh, self.device, model_cfg.fsdp_config)
         self.score_head = head
         # use_remove_padding: one packed row under a varlen attention kernel, else rows no wider than the batch's.
-        self.varlen_attention = getattr(model.config, "_attn_implementation", None) in VARLEN_ATTENTION
+        self.varlen_attention = uses_varlen_attention(model.config)
 
     # ------------------------------------------------------------------------------------------------ inputs
     def _messages(self, data: DataProto, i: int, prompt_ids: torch.Tensor) -> list[dict]:
@@ -176,11 +175,8 @@ class RewardModelWorker(Worker):
                 self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False)
             return out["scores"][rows, lengths - 1]
-        real = attention_mask.bool()
-        capacity = int(lengths.sum()) if self.varlen_attention else input_ids.shape[1]
-        packed_ids, packed_positions, destination = pack_rows(input_ids, real, position_ids,
-                                                              pack_first_fit(lengths.tolist(), capacity),
-                                                              self.pad_token_id)
+        packed_ids, packed_positions, destination = pack_rows(input_ids, attention_mask, position_ids,
+                                                              self.pad_token_id, self.varlen_attention)
         with token_scores(self.score_head) as out:
             self.module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None, use_cache=False)
         return out["scores"].flatten()[destination[rows, lengths - 1]]
@@ -203,10 +199,7 @@ class RewardModelWorker(Worker):
             scores.append(self._forward(micro["input_ids"][:, :width], micro["attention_mask"][:, :width],
                                         micro["length"]).float().cpu())
         reshard_all(self.module)  # with reshard_after_forward=false, no backward pass would free them
-        scores = torch.cat(scores)
-        if index_map is not None:
-            scores = scores[torch.tensor(get_reverse_idx(index_map), dtype=torch.long)]
-        return scores
+        return restore_order(torch.cat(scores), index_map)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:

@@ -16,6 +16,7 @@ from verl.algorithms.estimators.groups import broadcast, group_ids, group_member
 from verl.algorithms.registry import AdvantageEstimator, register_adv_est
 
 
+@register_adv_est("grpo_vectorized")
 @register_adv_est(AdvantageEstimator.GRPO)
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -32,7 +33,8 @@ def compute_grpo_outcome_advantage(
         A_i   = s_i - mean_g(s)                              when norm_adv_by_std_in_grpo=False (Dr.GRPO, Liu et al. 2025)
 
     std is the unbiased (Bessel) standard deviation; a group with a single sample uses mean 0 and std 1. The groups
-    are summed with scatter/gather tensors, no Python loop over them.
+    are summed with scatter/gather tensors, no Python loop over them. verl has a loop and a vectorised version under
+    two names (`grpo`, `grpo_vectorized`); here both names run this one.
 
     Args:
         token_level_rewards: `(bs, L)`.
@@ -58,22 +60,7 @@ def compute_grpo_outcome_advantage(
         return broadcast(advantages, response_mask)
 
 
-@register_adv_est("grpo_vectorized")
-def compute_grpo_vectorized_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    norm_adv_by_std_in_grpo: bool = True,
-    config: Any = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO's advantage under verl's second name; verl has a loop and a vectorised version, here both names run the
-    one vectorised computation of `compute_grpo_outcome_advantage`:
-
-        A_i = (s_i - mean_g(s)) / (std_g(s) + epsilon)    (just s_i - mean_g(s) when norm_adv_by_std_in_grpo=False)
-    """
-    return compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon,
-                                          norm_adv_by_std_in_grpo, config)
+compute_grpo_vectorized_outcome_advantage = compute_grpo_outcome_advantage  # verl's name for `grpo_vectorized`
 
 
 @register_adv_est("grpo_passk")

@@ -15,6 +15,7 @@ from verl.algorithms.estimators.groups import broadcast, group_ids, group_sum
 from verl.algorithms.registry import register_adv_est
 
 
+@register_adv_est("rloo_vectorized")
 @register_adv_est("rloo")
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -26,26 +27,11 @@ def compute_rloo_outcome_advantage(
     """REINFORCE Leave-One-Out (Kool et al. 2019; Ahmadian et al. 2024), one value per sequence.
 
         A_i = s_i - (1 / (n_g - 1)) * sum_{j in g(i), j != i} s_j  =  n_g / (n_g - 1) * (s_i - mean_g(s))
+            = (n_g * s_i - sum_{j in g(i)} s_j) / (n_g - 1)          (computed so, for n_g > 1)
+        A_i = s_i                                                    for n_g = 1 (no other sample: baseline 0)
 
-    A group of one has no other sample: its baseline is 0 and A_i = s_i. `epsilon` and `config` are unused
-    (kept for verl's signature). verl registers a loop and a vectorised version under two names; here both names
-    run the one vectorised computation.
-    """
-    return compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon, config)
-
-
-@register_adv_est("rloo_vectorized")
-def compute_rloo_vectorized_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: np.ndarray,
-    epsilon: float = 1e-6,
-    config: Any = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RLOO without a Python loop over groups (what `rloo` runs too):
-
-        A_i = (n_g * s_i - sum_{j in g(i)} s_j) / (n_g - 1)      for n_g > 1
-        A_i = s_i                                               for n_g = 1 (baseline 0)
+    `epsilon` and `config` are unused (kept for verl's signature). verl registers a loop and a vectorised version
+    under two names (`rloo`, `rloo_vectorized`); here both names run this one, without a Python loop over groups.
     """
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
@@ -55,3 +41,6 @@ def compute_rloo_vectorized_outcome_advantage(
         leave_one_out = (count * scores - total) / (count - 1).clamp(min=1)
         advantages = torch.where(count > 1, leave_one_out, scores)
         return broadcast(advantages, response_mask)
+
+
+compute_rloo_vectorized_outcome_advantage = compute_rloo_outcome_advantage  # verl's name for `rloo_vectorized`

@@ -57,26 +57,37 @@ def check_batch_sizes(config: PPOTrainerConfig, problems: list[str]) -> None:
          f"by the number of ranks trainer.nnodes * trainer.n_gpus_per_node = {n_ranks}", problems)
     need(mini <= bsz, f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must be <= data.train_batch_size={bsz}",
          problems)
-    need(bsz % mini == 0,
-         f"data.train_batch_size={bsz} must be divisible by actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+    budgets = {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu": actor.ppo_max_token_len_per_gpu,
+               "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": rollout.log_prob_max_token_len_per_gpu,
+               "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu":
+                   config.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu}
+    check_mini_batches(config, "actor_rollout_ref.actor", actor, "actor_rollout_ref.rollout.n", n, budgets, problems)
+
+
+def check_mini_batches(config: PPOTrainerConfig, prefix: str, section, n_key: str, n: int, budgets: dict[str, int],
+                       problems: list[str]) -> None:
+    """The batch sizes of a trained section (the actor's or the critic's node `section`, named `prefix`): its
+    ppo_mini_batch_size counts prompts of `n` responses each (`n_key`), split over the ranks into micro-batches of
+    ppo_micro_batch_size_per_gpu (or the deprecated global ppo_micro_batch_size / ranks); with use_dynamic_bsz every
+    token budget of `budgets` (key -> value) holds a whole sequence."""
+    data, trainer = config.data, config.trainer
+    n_ranks = trainer.nnodes * trainer.n_gpus_per_node
+    bsz, mini = data.train_batch_size, section.ppo_mini_batch_size
+    need(bsz % mini == 0, f"data.train_batch_size={bsz} must be divisible by {prefix}.ppo_mini_batch_size={mini}",
          problems)
     need(mini * n % n_ranks == 0,
-         f"actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n = {mini} * {n} = {mini * n} must be divisible by "
-         f"the number of ranks {n_ranks} (trainer.nnodes * trainer.n_gpus_per_node)", problems)
-    micro = actor.ppo_micro_batch_size_per_gpu
-    if actor.ppo_micro_batch_size is not None:
-        micro = max(1, actor.ppo_micro_batch_size // n_ranks)
-    if not actor.use_dynamic_bsz and micro is not None and mini * n % n_ranks == 0:
+         f"{prefix}.ppo_mini_batch_size * {n_key} = {mini} * {n} = {mini * n} must be divisible by the number of "
+         f"ranks {n_ranks} (trainer.nnodes * trainer.n_gpus_per_node)", problems)
+    micro = section.ppo_micro_batch_size_per_gpu
+    if section.ppo_micro_batch_size is not None:
+        micro = max(1, section.ppo_micro_batch_size // n_ranks)
+    if not section.use_dynamic_bsz and micro is not None and mini * n % n_ranks == 0:
         per_rank = mini * n // n_ranks
         need(micro >= 1 and per_rank % micro == 0,
-             f"the per-rank mini-batch (ppo_mini_batch_size * n / ranks = {per_rank}) must be divisible by "
-             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}", problems)
-    seq_len = data.max_prompt_length + data.max_response_length
-    if actor.use_dynamic_bsz:
-        budgets = {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu": actor.ppo_max_token_len_per_gpu,
-                   "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": rollout.log_prob_max_token_len_per_gpu,
-                   "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu":
-                       config.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu}
+             f"the per-rank mini-batch ({prefix}.ppo_mini_batch_size * {n_key} / ranks = {per_rank}) must be "
+             f"divisible by {prefix}.ppo_micro_batch_size_per_gpu={micro}", problems)
+    if section.use_dynamic_bsz:
+        seq_len = data.max_prompt_length + data.max_response_length
         for key, value in budgets.items():
             need(value >= seq_len, f"{key}={value} must be at least data.max_prompt_length + "
                  f"data.max_response_length = {seq_len}", problems)
@@ -96,32 +107,15 @@ def processes_per_rank(config) -> int:
 
 def check_critic(config: PPOTrainerConfig, problems: list[str]) -> None:
     """GAE needs a critic; the critic's batch sizes count prompts like the actor's, split over the same ranks."""
-    critic, data, trainer = config.critic, config.data, config.trainer
+    critic = config.critic
     if config.algorithm.adv_estimator == "gae":
         need(critic_enabled(config), "algorithm.adv_estimator=gae needs the critic's values, but critic.enable=false; "
              "set critic.enable=true (or null), or choose an estimator without a critic (e.g. grpo)", problems)
     if not critic_enabled(config):
         return
-    n_ranks, n = trainer.nnodes * trainer.n_gpus_per_node, critic.rollout_n
-    bsz, mini = data.train_batch_size, critic.ppo_mini_batch_size
-    need(bsz % mini == 0, f"data.train_batch_size={bsz} must be divisible by critic.ppo_mini_batch_size={mini}",
-         problems)
-    need(mini * n % n_ranks == 0,
-         f"critic.ppo_mini_batch_size * critic.rollout_n = {mini} * {n} = {mini * n} must be divisible by the number "
-         f"of ranks {n_ranks} (trainer.nnodes * trainer.n_gpus_per_node)", problems)
-    micro = critic.ppo_micro_batch_size_per_gpu
-    if critic.ppo_micro_batch_size is not None:
-        micro = max(1, critic.ppo_micro_batch_size // n_ranks)
-    if not critic.use_dynamic_bsz and micro is not None and mini * n % n_ranks == 0:
-        per_rank = mini * n // n_ranks
-        need(micro >= 1 and per_rank % micro == 0, f"the critic's per-rank mini-batch (critic.ppo_mini_batch_size "
-             f"* rollout_n / ranks = {per_rank}) must be divisible by critic.ppo_micro_batch_size_per_gpu={micro}",
-             problems)
-    if critic.use_dynamic_bsz:
-        seq_len = data.max_prompt_length + data.max_response_length
-        for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
-            need(getattr(critic, key) >= seq_len, f"critic.{key}={getattr(critic, key)} must be at least "
-                 f"data.max_prompt_length + data.max_response_length = {seq_len}", problems)
+    budgets = {f"critic.{key}": getattr(critic, key)
+               for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu")}
+    check_mini_batches(config, "critic", critic, "critic.rollout_n", critic.rollout_n, budgets, problems)
 
 
 def check_estimator_inputs(config: PPOTrainerConfig, problems: list[str]) -> None:
@@ -225,6 +219,9 @@ INERT_KEYS: dict[str, str] = {
     "critic.model.fsdp_config.wrap_policy.min_num_params": "each decoder layer is one FSDP2 unit",
     "critic.checkpoint.load_contents": "a resume always loads model, optimizer and extra state",
     "reward_model.launch_reward_fn_async": "rewards are computed on the driver right after generation",
+    "reward_model.model.fsdp_config.fsdp_size": "every rank is one FSDP2 shard of the reward model",
+    "reward_model.model.fsdp_config.forward_prefetch": "FSDP2 prefetches as its default does",
+    "reward_model.model.fsdp_config.wrap_policy.min_num_params": "each decoder layer is one FSDP2 unit",
     "trainer.use_legacy_worker_impl": "there is one worker implementation",
     "ray_kwargs.timeline_json_file": "no Ray timeline is written",
 }

@@ -1,8 +1,9 @@
 """The data-parallel critic: values of the responses' tokens, and the value-function update.
 
 One instance lives in each FSDP rank and sees only that rank's share of the batch; FSDP averages gradients across
-ranks. As in the actor, the loss of a mini-batch is accumulated over micro-batches with the actor's weights
-(`micro_batch_weights`), which make the gradient that of the loss aggregated over the whole mini-batch of every rank.
+ranks. As in the actor, the loss of a mini-batch is accumulated over micro-batches with the weights of
+`verl/workers/ppo_batches.py`, which make the gradient that of the loss aggregated over the whole mini-batch of every
+rank.
 """
 
 from __future__ import annotations
@@ -15,10 +16,16 @@ from verl.algorithms.critic_loss import compute_value_loss
 from verl.protocol import DataProto
 from verl.utils.config import option
 from verl.utils.fsdp_utils import clip_grad_and_step, reshard_all
-from verl.utils.packing import cut_shared_left_padding, pack_rows
-from verl.utils.seqlen_balancing import get_reverse_idx
+from verl.utils.packing import (
+    cut_shared_left_padding,
+    pack_rows,
+    response_predictors,
+    unpack_responses,
+    uses_varlen_attention,
+)
+from verl.utils.seqlen_balancing import restore_order, split_micro_batches
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor.dp_actor import VARLEN_ATTENTION, micro_batch_weights, pack_first_fit, split_micro_batches
+from verl.workers.ppo_batches import ppo_mini_batches
 
 CRITIC = "critic"
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask"]
@@ -42,7 +49,7 @@ class DataParallelPPOCritic:
         grad_clip = option(config, "grad_clip", CRITIC)
         self.max_grad_norm = grad_clip if grad_clip is not None else option(config.get("optim"), "clip_grad",
                                                                               f"{CRITIC}.optim")
-        self.varlen_attention = getattr(critic_module.config, "_attn_implementation", None) in VARLEN_ATTENTION
+        self.varlen_attention = uses_varlen_attention(critic_module.config)
         self.filler_token_id = getattr(critic_module.config, "pad_token_id", None) or 0
 
     # ----------------------------------------------------------------------------------------------- forward
@@ -63,19 +70,12 @@ class DataParallelPPOCritic:
                                         position_ids=position_ids, use_cache=False)
             return output.logits[:, -response_length - 1 : -1, 0] * response_mask
 
-        batch, length = attention_mask.shape
-        real = attention_mask.bool()
-        lengths = real.sum(dim=1).tolist()
-        capacity = sum(lengths) if self.varlen_attention else length
-        packed_ids, packed_positions, destination = pack_rows(input_ids, real, position_ids,
-                                                              pack_first_fit(lengths, capacity), self.filler_token_id)
+        packed_ids, packed_positions, destination = pack_rows(input_ids, attention_mask, position_ids,
+                                                              self.filler_token_id, self.varlen_attention)
         output = self.critic_module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None,
                                     use_cache=False)
-        scored = real[:, length - response_length :]  # response positions holding a token
-        before = destination[:, length - response_length - 1 : length - 1][scored]
-        values = output.logits[..., 0].flatten()[before]
-        return torch.zeros(batch, response_length, dtype=values.dtype, device=values.device).masked_scatter(
-            scored, values)
+        scored, before = response_predictors(attention_mask, destination, response_length)
+        return unpack_responses(output.logits[..., 0].flatten()[before], scored)
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
@@ -89,9 +89,7 @@ class DataParallelPPOCritic:
         micro_batches, index_map = split_micro_batches(batch, cfg.forward_micro_batch_size_per_gpu, max_token_len)
         values = torch.cat([self._forward_micro_batch(micro_batch) for micro_batch in micro_batches])
         reshard_all(self.critic_module)  # with reshard_after_forward=false, no backward pass would free them
-        if index_map is not None:
-            values = values[torch.tensor(get_reverse_idx(index_map), dtype=torch.long)]
-        return values * data.batch["response_mask"]
+        return restore_order(values, index_map) * data.batch["response_mask"]
 
     # ------------------------------------------------------------------------------------------------ update
     def update_critic(self, data: DataProto) -> dict[str, list[float]]:
@@ -102,26 +100,18 @@ class DataParallelPPOCritic:
         """
         cfg = self.config
         self.critic_module.train()
-        batch = data.select(batch_keys=FORWARD_KEYS + ["values", "returns"]).batch
-        max_token_len = cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
         metrics = defaultdict(list)
-        for epoch in range(cfg.ppo_epochs):
-            if cfg.shuffle:
-                generator = torch.Generator().manual_seed(epoch)
-                batch = batch[torch.randperm(batch.batch_size[0], generator=generator)]
-            for mini_batch in batch.split(cfg.ppo_mini_batch_size):
-                micro_batches, _ = split_micro_batches(mini_batch, cfg.ppo_micro_batch_size_per_gpu, max_token_len)
-                weights = micro_batch_weights(mini_batch, micro_batches, cfg.loss_agg_mode)
-                for micro_batch, weight in zip(micro_batches, weights):
-                    mask = micro_batch["response_mask"]
-                    vpreds = self._forward_micro_batch(micro_batch)
-                    vf_loss, vf_clipfrac = compute_value_loss(
-                        vpreds=vpreds, returns=micro_batch["returns"], values=micro_batch["values"],
-                        response_mask=mask, cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode)
-                    (vf_loss * weight).backward()
-                    metrics["critic/vf_loss"].append(vf_loss.item())
-                    metrics["critic/vf_clipfrac"].append(vf_clipfrac.item())
-                    metrics["critic/vpred_mean"].append(masked_mean(vpreds.detach(), mask).item())
-                metrics["critic/grad_norm"].append(
-                    clip_grad_and_step(self.critic_module, self.critic_optimizer, self.max_grad_norm, who="critic"))
+        for micro_batches in ppo_mini_batches(data.select(batch_keys=FORWARD_KEYS + ["values", "returns"]).batch, cfg):
+            for micro_batch, weight in micro_batches:
+                mask = micro_batch["response_mask"]
+                vpreds = self._forward_micro_batch(micro_batch)
+                vf_loss, vf_clipfrac = compute_value_loss(
+                    vpreds=vpreds, returns=micro_batch["returns"], values=micro_batch["values"],
+                    response_mask=mask, cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode)
+                (vf_loss * weight).backward()
+                metrics["critic/vf_loss"].append(vf_loss.item())
+                metrics["critic/vf_clipfrac"].append(vf_clipfrac.item())
+                metrics["critic/vpred_mean"].append(masked_mean(vpreds.detach(), mask).item())
+            metrics["critic/grad_norm"].append(
+                clip_grad_and_step(self.critic_module, self.critic_optimizer, self.max_grad_norm, who="critic"))
         return dict(metrics)
