@@ -22,7 +22,7 @@ setup(
     package_data={"verl": ["trainer/config/*.yaml", "trainer/config/*/*.yaml"]},
     install_requires=install_requires,
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout", "ruff>=0.6", "wandb>=0.31", "tensorboard>=2.21"],
+        "test": ["pytest>=8", "pytest-timeout", "pytest-xdist", "ruff>=0.6", "wandb>=0.31", "tensorboard>=2.21"],
         # trainer.logger=[..., wandb, tensorboard]
         "tracking": ["wandb>=0.31", "tensorboard>=2.21"],
         # Real vLLM on CUDA GPUs.

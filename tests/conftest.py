@@ -50,3 +50,12 @@ def ray_session():
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test.sh runs two workers), every test that uses the in-process Ray session runs
+    on one worker (`--dist loadgroup`), so that they share one Ray instance as in a serial run; the others (unit
+    tests, subprocess runs with their own Ray) are spread over both."""
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray_session"))
