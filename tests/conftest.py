@@ -52,6 +52,7 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (scripts/test.sh runs two workers), every test that uses the in-process Ray session runs
     on one worker (`--dist loadgroup`), so that they share one Ray instance as in a serial run; the others (unit
