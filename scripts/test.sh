@@ -11,6 +11,6 @@ fi
 echo "[test] ruff"
 ruff check .
 echo "[test] pytest"
-# Two workers: the tests of the shared in-process Ray session stay together on one (tests/conftest.py), the rest
-# spread over both; much of an end-to-end test is waiting on process start-ups, which the other worker fills.
-pytest -q --timeout=900 -n 2 --dist loadgroup --durations=20 "$@"
+# Two workers, each test file on one of them (module fixtures such as the quickstart run happen once); much of an
+# end-to-end test is waiting on process start-ups, which the other worker fills. Each worker has its own Ray session.
+pytest -q --timeout=900 -n 2 --dist loadfile --durations=20 "$@"

@@ -51,14 +51,3 @@ def ray_session():
     yield ray
     ray.shutdown()
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh runs two workers), every test that uses the in-process Ray session runs
-    on one worker (`--dist loadgroup`), so that they share one Ray instance as in a serial run; the other end-to-end
-    tests stay together per module (their module fixtures run once); unit tests spread over both."""
-    for item in items:
-        if "ray_session" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray_session"))
-        elif item.get_closest_marker("e2e"):  # one worker per module: its module fixtures (a whole run) run once
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
