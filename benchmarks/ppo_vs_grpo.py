@@ -10,7 +10,7 @@ gains per seed and their means, and PPO's gap to GRPO (the issue asks for less t
 
 The critic: the SFT model with a new value head (critic.model.path null), lr 5e-4 (a new head on a tiny model learns
 slowly at the actor's rates), 8 optimizer steps per RL step (mini-batches of 8 prompts, 2 epochs: with the actor's
-one step per RL step it learns little more than the mean score), one warm-up step in which only the critic trains;
+one step per RL step it learns little more than the mean score), ten warm-up steps in which only the critic trains (at the same sample budget: 10 fewer actor updates);
 gamma = lam = 1 (the reward is one score at the end of a short answer).
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 from quickstart_report import read_stage  # noqa: E402
 
 PPO_OVERRIDES = ["algorithm.adv_estimator=gae", "algorithm.gamma=1.0", "algorithm.lam=1.0", "critic.optim.lr=5e-4",
-                 "critic.ppo_mini_batch_size=8", "critic.ppo_epochs=2", "trainer.critic_warmup=1"]
+                 "critic.ppo_mini_batch_size=8", "critic.ppo_epochs=2", "trainer.critic_warmup=10"]
 
 
 def run(out: str, seed: int, env_extra: dict[str, str], overrides: list[str]) -> float:
