@@ -1,19 +1,19 @@
-"""The search tool: BM25 over a local corpus, the HTTP backend against a local stub server, the shared query cache."""
+"""The search tool: BM25 over a local corpus, the HTTP backend against a local stub server, the shared query cache,
+and page summaries (pages from a local web server, the summariser a scripted OpenAI-compatible server)."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from verl.utils.json_cache import JsonCache
 from verl.workers.tools import ToolError, ToolManager
 from verl.workers.tools.search_backends import API_KEY_ENV, ZONE_ENV
-from verl.workers.tools.search_tool import NO_RESULTS, QueryCache, SearchTool, format_results, normalize_query
+from verl.workers.tools.search_tool import NO_RESULTS, SearchTool, format_results, normalize_query
 
 CORPUS = [
     {"id": "1", "title": "Veltria", "text": "The capital of Veltria is Ostmar, a city on the river Quell."},
@@ -200,69 +200,12 @@ def test_cache_sees_entries_other_processes_saved(tmp_path, corpus):
     path.write_text(json.dumps({"capital of Veltria": "Page 1: from the file 中文"}, ensure_ascii=False))
     tool = SearchTool(corpus_path=corpus, cache_file=str(path), cache_refresh_interval=0.0)
     assert tool.execute("capital of Veltria") == "Page 1: from the file 中文"
-    other = QueryCache(str(path))
+    other = JsonCache(str(path))
     other.put("cats", "Page 1: from another writer")
     assert tool.execute("cats") == "Page 1: from another writer"
     saved = json.loads(path.read_text(encoding="utf-8"))
     assert set(saved) == {"capital of Veltria", "cats"}
     assert "中文" in path.read_text(encoding="utf-8")  # ensure_ascii=False
-
-
-def test_an_unreadable_cache_file_is_rewritten(tmp_path, caplog):
-    path = tmp_path / "search_cache.json"
-    path.write_text("{not json")
-    cache = QueryCache(str(path))
-    cache.put("q", "Page 1: a")
-    assert json.loads(path.read_text()) == {"q": "Page 1: a"} and "unreadable" in caplog.text
-    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]  # no temporary file left
-
-
-def test_cache_under_concurrent_threads(tmp_path):
-    path = str(tmp_path / "search_cache.json")
-    caches = [QueryCache(path, refresh_interval_s=0.0) for _ in range(2)]  # two tools in one process
-
-    def write(worker):
-        for q in range(20):
-            caches[worker % 2].put(f"query {worker}-{q}", f"result {worker}-{q}")
-            assert caches[worker % 2].get(f"query {worker}-{q}") == f"result {worker}-{q}"
-
-    threads = [threading.Thread(target=write, args=(w,)) for w in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert len(json.loads(open(path, encoding="utf-8").read())) == 160
-
-
-def _writer(path: str, worker: int, queries: int, start) -> None:
-    cache = QueryCache(path, refresh_interval_s=0.0)
-    start.wait()  # all writers at once (without the file lock this loses entries)
-    for q in range(queries):
-        cache.put(f"query {worker}-{q}", f"result {worker}-{q} " + "é" * 50)
-
-
-def test_cache_under_concurrent_writers_from_several_processes_loses_no_entry(tmp_path):
-    path = str(tmp_path / "shared" / "search_cache.json")
-    os.makedirs(os.path.dirname(path))
-    context = multiprocessing.get_context("spawn")
-    start = context.Barrier(4)
-    writers = [context.Process(target=_writer, args=(path, w, 25, start)) for w in range(4)]
-    for process in writers:
-        process.start()
-    reads = 0
-    while any(process.is_alive() for process in writers):  # a reader without the lock always sees valid JSON
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                assert isinstance(json.load(f), dict)
-            reads += 1
-        time.sleep(0.005)
-    for process in writers:
-        process.join(60)
-        assert process.exitcode == 0
-    entries = json.loads(open(path, encoding="utf-8").read())
-    assert len(entries) == 100 and reads > 0
-    assert entries == {f"query {w}-{q}": f"result {w}-{q} " + "é" * 50 for w in range(4) for q in range(25)}
-    assert sorted(os.listdir(os.path.dirname(path))) == ["search_cache.json", "search_cache.json.lock"]
 
 
 def test_without_credentials_a_cache_file_serves_as_an_offline_search(serp, tmp_path, monkeypatch):
@@ -275,3 +218,153 @@ def test_without_credentials_a_cache_file_serves_as_an_offline_search(serp, tmp_
     with pytest.raises(ToolError, match="'largest lake' is not in the search cache, and .*api_key and zone not set"):
         tool.execute("largest lake")
     assert StubSERP.requests == []  # nothing was sent
+
+
+# ---------------------------------------------------------------------------------------------- page summaries
+OSTMAR_PAGE = ("<html><head><title>Ostmar</title><style>p {color: red}</style><script>var secret = 1;</script></head>"
+               "<body><h1>Ostmar</h1><p>Ostmar is the capital   of Veltria.</p><div>It lies on the Quell.</div>"
+               "<noscript>enable scripts</noscript></body></html>")
+
+
+class StubPages(BaseHTTPRequestHandler):
+    """Web pages on 127.0.0.1: path -> (status, content type, body, delay in seconds)."""
+
+    routes: dict = {}
+    requests: list = []
+
+    def do_GET(self):  # noqa: N802 -- http.server's name
+        StubPages.requests.append(self.path)
+        status, content_type, body, delay = StubPages.routes.get(self.path, (404, "text/plain", b"not found", 0))
+        time.sleep(delay)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def pages():
+    StubPages.requests = []
+    StubPages.routes = {
+        "/ostmar.html": (200, "text/html; charset=utf-8", OSTMAR_PAGE.encode(), 0),
+        "/notes.txt": (200, "text/plain; charset=latin-1", "Quell: 300 km, café".encode("latin-1"), 0),
+        "/big.txt": (200, "text/plain", b"x" * 5000, 0),
+        "/slow.html": (200, "text/html", b"<p>late</p>", 3),
+        "/logo.png": (200, "image/png", b"\x89PNG", 0),
+    }
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StubPages)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_pages_are_fetched_as_text_within_their_limits(pages):
+    from verl.workers.tools.search_backends import fetch_page_text, html_to_text
+
+    assert fetch_page_text(f"{pages}/ostmar.html", 5, 10_000) == (
+        "Ostmar\nOstmar\nOstmar is the capital of Veltria.\nIt lies on the Quell.")  # no script, style, noscript
+    assert fetch_page_text(f"{pages}/notes.txt", 5, 10_000) == "Quell: 300 km, café"  # the page's charset
+    assert fetch_page_text(f"{pages}/big.txt", 5, 1000) == "x" * 1000  # read no more than max_bytes
+    start = time.monotonic()
+    with pytest.raises(ToolError, match="slow.html: TimeoutError"):
+        fetch_page_text(f"{pages}/slow.html", 0.3, 1000)
+    assert time.monotonic() - start < 2
+    with pytest.raises(ToolError, match="content type image/png is not text"):
+        fetch_page_text(f"{pages}/logo.png", 5, 1000)
+    with pytest.raises(ToolError, match="missing.html: HTTP 404"):
+        fetch_page_text(f"{pages}/missing.html", 5, 1000)
+    with pytest.raises(ToolError, match="only http and https"):
+        fetch_page_text("file:///etc/passwd", 5, 1000)
+    assert html_to_text("<ul><li>a &amp; b</li><li>c</li></ul>") == "a & b\nc"
+
+
+def summarise(messages: list[dict]) -> str:
+    prompt = messages[0]["content"]
+    return f"Summary ({prompt.count(chr(10) + 'Page ')} pages): Ostmar is the capital."
+
+
+def test_summaries_of_the_top_pages_are_cached(serp, pages, tmp_path):
+    from openai_stub import OpenAIStub
+
+    StubSERP.body = json.dumps({"organic": [
+        {"description": "Ostmar snippet", "link": f"{pages}/ostmar.html"},
+        {"description": "Broken page snippet", "link": f"{pages}/missing.html"},
+        {"description": "No link snippet"},
+        {"description": "Fourth result, not summarised", "link": f"{pages}/notes.txt"}]})
+    cache = tmp_path / "search_cache.json"
+    with OpenAIStub(reply=summarise, model="summariser") as stub:
+        params = dict(backend="http", api_key="k", zone="z", endpoint=serp, cache_file=str(cache),
+                      summary={"base_url": stub.url, "model": "summariser", "max_retries": 0}, summary_pages=3,
+                      page_chars=25)
+        tool = SearchTool(**params)
+        assert tool.execute('capital of "Veltria"') == "Summary (3 pages): Ostmar is the capital."
+        (request,) = stub.chat_requests
+        assert request["model"] == "summariser" and request["temperature"] == 0.0 and request["max_tokens"] == 1024
+        prompt = request["messages"][0]["content"]
+        assert prompt.startswith("You help a researcher who searched the web for: capital of Veltria\n")
+        assert f"Page 1 ({pages}/ostmar.html):\nOstmar\nOstmar\nOstmar is t\n\n" in prompt  # cut to page_chars
+        assert f"Page 2 ({pages}/missing.html):\nBroken page snippet\n\n" in prompt  # a failed fetch: the snippet
+        assert prompt.endswith("Page 3 (search result):\nNo link snippet")
+        assert "secret" not in prompt and "Fourth" not in prompt
+        assert sorted(StubPages.requests) == ["/missing.html", "/ostmar.html"] and len(StubSERP.requests) == 1
+
+        # Asked again, by this tool or by a new one (another worker, a rerun): no search, no page, no summariser.
+        assert tool.execute("capital of Veltria") == "Summary (3 pages): Ostmar is the capital."
+        assert SearchTool(**params).execute("capital  of Veltria") == "Summary (3 pages): Ostmar is the capital."
+        assert len(StubSERP.requests) == 1 and len(StubPages.requests) == 2 and len(stub.requests) == 1
+        saved = json.loads(cache.read_text(encoding="utf-8"))
+        assert saved == {"capital of Veltria": "Page 1: Ostmar snippet\nPage 2: Broken page snippet\nPage 3: No link "
+                                               "snippet\nPage 4: Fourth result, not summarised",
+                         '["summary", "summariser", "capital of Veltria"]': "Summary (3 pages): Ostmar is the capital."}
+
+
+def test_summaries_offline_and_from_a_bm25_corpus(pages, tmp_path, monkeypatch):
+    from openai_stub import OpenAIStub
+
+    corpus = write_corpus(tmp_path / "corpus.jsonl", [
+        {"title": "Ostmar", "text": "Ostmar is a city.", "url": f"{pages}/ostmar.html"},
+        {"title": "Quell", "text": "The Quell is a river.", "url": f"{pages}/notes.txt"}])
+    with OpenAIStub(reply=summarise) as stub:
+        summary = {"base_url": stub.url, "model": "s", "max_retries": 0}
+        tool = SearchTool(corpus_path=corpus, summary=summary, summary_pages=1)
+        assert tool.execute("Ostmar city") == "Summary (1 pages): Ostmar is the capital."
+        assert StubPages.requests == ["/ostmar.html"] and "Ostmar is the capital of Veltria." in (
+            stub.chat_requests[0]["messages"][0]["content"])
+        assert tool.execute("zebra") == NO_RESULTS and len(stub.chat_requests) == 1
+
+        # No search credentials, only the seed's query cache: the cached snippets are summarised.
+        cache = tmp_path / "search_cache.json"
+        cache.write_text(json.dumps({"largest lake": "Page 1: Lake Narn is the largest."}))
+        offline = SearchTool(backend="http", cache_file=str(cache), summary=summary)
+        offline.execute("largest lake")
+        assert "Page 1 (search results):\nPage 1: Lake Narn is the largest." in (
+            stub.chat_requests[-1]["messages"][0]["content"])
+
+
+def test_a_failing_summariser_is_a_tool_error_and_nothing_is_cached(serp, pages, tmp_path):
+    from openai_stub import OpenAIStub
+
+    StubSERP.body = json.dumps({"organic": [{"description": "snippet", "link": f"{pages}/ostmar.html"}]})
+    cache = tmp_path / "search_cache.json"
+    with OpenAIStub(reply=summarise) as stub:
+        stub.status = 500
+        tool = SearchTool(backend="http", api_key="k", zone="z", endpoint=serp, cache_file=str(cache),
+                          summary={"base_url": stub.url, "model": "s", "max_retries": 1})
+        with pytest.raises(ToolError, match=r"the page summariser failed: .*HTTP 500 after 1 retries") as err:
+            tool.execute("query")
+        assert not err.value.retryable and len(stub.chat_requests) == 2  # the endpoint retried already
+        assert list(json.loads(cache.read_text())) == ["query"]  # the snippets, not a summary
+    with pytest.raises(ValueError, match="search tool: search tool param summary.base_url is not set"):
+        SearchTool(corpus_path=write_corpus(tmp_path / "c.jsonl", CORPUS), summary={"model": "s"})
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['temperature'\]"):
+        SearchTool(corpus_path=write_corpus(tmp_path / "c.jsonl", CORPUS),
+                   summary={"base_url": "http://127.0.0.1:9", "temperature": 0})

@@ -98,12 +98,24 @@ def compute_eval_metrics(
     return metrics
 
 
-def format_metrics_table(metrics: dict[str, dict[str, float]]) -> str:
-    """A plain-text table: one row per data source, one column per metric (4 decimals)."""
+def merge_metrics(main: dict[str, dict[str, float]], other: dict[str, dict[str, float]],
+                  prefix: str) -> dict[str, dict[str, float]]:
+    """`main`'s metrics per data source, followed by `other`'s under `<prefix>/<name>` (num_prompts once): e.g. the
+    judge's pass@k as the main score with the rule scores alongside as rule/pass@k."""
+    return {source: {**values, **{f"{prefix}/{name}": v for name, v in other[source].items() if name != "num_prompts"}}
+            for source, values in main.items()}
+
+
+def format_metrics_table(metrics: dict[str, dict[str, float]], markdown: bool = False) -> str:
+    """A table: one row per data source, one column per metric (4 decimals); plain text, or Markdown."""
     columns = list(next(iter(metrics.values())))
     header = ["data_source", *columns]
     rows = [[source] + [f"{v:.4f}" if isinstance(v, float) else str(v) for v in values.values()]
             for source, values in metrics.items()]
+    if markdown:
+        lines = ["| " + " | ".join(row) + " |" for row in [header, *rows]]
+        lines.insert(1, "|" + "|".join(":---" if i == 0 else "---:" for i in range(len(header))) + "|")
+        return "\n".join(lines)
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in [header, *rows]]

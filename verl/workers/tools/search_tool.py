@@ -1,33 +1,40 @@
-"""The search tool: `<search>query</search>` returns the top passages as lines `Page k: snippet`.
+"""The search tool: `<search>query</search>` returns the top passages as lines `Page k: snippet`, or, with a
+summariser, a summary of the top pages written for the query.
 
 One tool with pluggable backends (param `backend`, search_backends.py):
 
 - `bm25` (default): a local BM25 index over a JSONL corpus (`corpus_path`); offline.
 - `http`: the reference's SERP API (Bright Data in front of Bing; `endpoint`, `api_key`, `zone`, `location`).
 
-A persistent JSON query cache (`cache_file`, the reference's format: one object `{query: result text}`, written with
-`ensure_ascii=False, indent=2`) sits in front of either; see `QueryCache`.
+**Page summaries** (param `summary`, an OpenAI-compatible endpoint: `base_url`, `model`, `api_key_env`, `timeout_s`,
+`max_retries`, `concurrency`; see verl/utils/openai_endpoint.py). ARPO's evaluation searches this way (its "Simple
+Deep Search" tool with a served summarisation model): the tool fetches the pages of the top `summary_pages` hits
+(HTTP GET, `page_timeout_s` per page, at most `page_max_bytes` read, the visible text cut to `page_chars`; a page
+that cannot be fetched, or a hit without an address, gives its snippet instead) and asks the summariser, at
+temperature 0 with at most `summary_max_tokens` tokens, for what the pages say about the query (`SUMMARY_PROMPT`).
+The summary is the tool's result.
+
+**Cache.** A persistent JSON cache (`cache_file`, `verl/utils/json_cache.py`; the reference's format, one object
+`{query: result text}` written with `ensure_ascii=False, indent=2`) sits in front of either backend. Summaries go to
+the same file under the key `["summary", <summariser model>, <query>]`, so a summary asked before makes no request
+at all: no search, no page fetch, no summariser call.
 
 Params: backend, corpus_path, api_key, zone, endpoint, location, request_timeout_s, max_results (5; the reference's
 BingSearchTool 10), result_length (1000 characters per snippet), cache_file, cache_refresh_interval (15 s),
-async_cache_write (accepted for the reference's YAML files; saving is synchronous, see QueryCache.put).
+async_cache_write (accepted for the reference's YAML files; saving is synchronous, see JsonCache.put), summary
+(null: snippets only), summary_pages (3), summary_max_tokens (1024), page_timeout_s (10), page_max_bytes (2 MB),
+page_chars (8000).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import tempfile
-import threading
-import time
 from typing import Any
 
-from filelock import FileLock
-from filelock import Timeout as LockTimeout
-
+from verl.utils.json_cache import JsonCache, key_of
+from verl.utils.openai_endpoint import Endpoint, EndpointConfig, EndpointError, map_concurrently
 from verl.workers.tools.base import BaseTool, ToolError
-from verl.workers.tools.search_backends import DEFAULT_ENDPOINT, BM25Backend, HTTPBackend
+from verl.workers.tools.search_backends import DEFAULT_ENDPOINT, BM25Backend, HTTPBackend, SearchHit, fetch_page_text
 
 logger = logging.getLogger(__name__)
 
@@ -53,119 +60,24 @@ def format_results(snippets: list[str], max_results: int, result_length: int) ->
     return "\n".join(lines) or NO_RESULTS
 
 
-class QueryCache:
-    """query -> result text, in memory and in a JSON file that threads and processes (one per rollout worker) share.
+SUMMARY_PROMPT = """You help a researcher who searched the web for: {query}
 
-    - The file is read at start and read again when it changed (inode, mtime or size), checked at most every
-      `refresh_interval_s` seconds, so entries other processes saved become hits.
-    - `put` saves at once: under an exclusive lock on `<file>.lock` (the filelock library, so it holds across
-      processes) it reads the file, merges its entries with ours (ours win, as in the reference), writes a temporary
-      file in the same directory and renames it over the file. Readers without the lock therefore always see a
-      whole, valid JSON file, and a writer never drops an entry another one saved.
-    """
+Below are the pages the search returned. Write a short summary of what they say that bears on the search: keep the
+facts, names, numbers and dates that matter, and say which page each comes from (Page 1, Page 2, ...). If the pages
+do not answer it, say so plainly. Use only what the pages say.
 
-    def __init__(self, path: str, refresh_interval_s: float = 15.0, lock_timeout_s: float = 60.0):
-        self.path, self.refresh_interval_s = os.path.abspath(path), refresh_interval_s
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self._file_lock = FileLock(self.path + ".lock", timeout=lock_timeout_s)
-        self._mutex = threading.Lock()  # guards the fields below; never held while waiting for the file lock
-        self._save_mutex = threading.Lock()  # one save at a time in this process
-        self._entries: dict[str, str] = {}
-        self._dirty = False  # entries not yet saved
-        self._signature: tuple | None = None  # (inode, mtime_ns, size) of the file we last read or wrote
-        self._checked = float("-inf")
-        with self._mutex:
-            self._refresh()
+{pages}"""
 
-    def __len__(self) -> int:
-        return len(self._entries)
 
-    def get(self, query: str) -> str | None:
-        with self._mutex:
-            if time.monotonic() - self._checked >= self.refresh_interval_s:
-                self._refresh()
-            return self._entries.get(query)
-
-    def put(self, query: str, text: str) -> None:
-        """Add an entry and save the file. A save that fails (lock timeout, disk full) is logged and retried with the
-        next put: the caller's result does not depend on the cache."""
-        with self._mutex:
-            self._entries[query] = text
-            self._dirty = True
-        try:
-            self.save()
-        except (OSError, LockTimeout) as err:
-            logger.warning("search cache %s: could not save (%s); will try again with the next entry", self.path, err)
-
-    def save(self) -> None:
-        with self._save_mutex:
-            with self._mutex:
-                if not self._dirty:  # a concurrent put has saved our entry already
-                    return
-                snapshot, self._dirty = dict(self._entries), False
-            try:
-                with self._file_lock:
-                    merged = {**self._read(), **snapshot}
-                    signature = self._replace(merged)
-            except BaseException:
-                with self._mutex:
-                    self._dirty = True
-                raise
-            with self._mutex:
-                self._entries = {**merged, **self._entries}  # entries put meanwhile stay (and stay dirty)
-                self._signature = signature
-
-    def _refresh(self) -> None:
-        """Merge the file into memory if it changed since we last saw it (caller holds _mutex)."""
-        self._checked = time.monotonic()
-        try:
-            stat = os.stat(self.path)
-        except FileNotFoundError:
-            return
-        signature = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        if signature != self._signature:
-            self._signature = signature
-            self._entries = {**self._read(), **self._entries}
-
-    def _read(self) -> dict[str, str]:
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as err:
-            logger.warning("search cache %s is unreadable (%s); it will be rewritten from memory", self.path, err)
-            return {}
-        if not isinstance(data, dict):
-            logger.warning("search cache %s does not hold a JSON object; it will be rewritten from memory", self.path)
-            return {}
-        return data
-
-    def _replace(self, entries: dict[str, str]) -> tuple:
-        """Write `entries` to a temporary file and rename it over the cache file; returns the new file's signature."""
-        directory, name = os.path.split(self.path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(entries, f, ensure_ascii=False, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-                try:  # keep the old file's permissions (mkstemp creates 0600, unreadable for other users)
-                    os.chmod(tmp, os.stat(self.path).st_mode & 0o777)
-                except FileNotFoundError:
-                    os.chmod(tmp, 0o644)
-                stat = os.fstat(f.fileno())  # a rename keeps inode and mtime
-            os.replace(tmp, self.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-        return stat.st_ino, stat.st_mtime_ns, stat.st_size
+def summary_prompt(query: str, pages: list[tuple[str, str]]) -> str:
+    """SUMMARY_PROMPT for `query` and its (source, text) pages, numbered from 1."""
+    listed = "\n\n".join(f"Page {k} ({source}):\n{text}" for k, (source, text) in enumerate(pages, start=1))
+    return SUMMARY_PROMPT.format(query=query, pages=listed)
 
 
 class SearchTool(BaseTool):
-    """`<search>query</search>` -> `Page k: snippet` lines from the chosen backend, through the cache (module
-    docstring for the params)."""
+    """`<search>query</search>` -> `Page k: snippet` lines from the chosen backend, or a summary of the top pages,
+    through the cache (module docstring for the params)."""
 
     name = "search"
     trigger_tag = "search"
@@ -173,9 +85,15 @@ class SearchTool(BaseTool):
     def __init__(self, backend: str = "bm25", corpus_path: str | None = None, api_key: str | None = None,
                  zone: str | None = None, endpoint: str = DEFAULT_ENDPOINT, location: str = "us",
                  request_timeout_s: float = 60.0, max_results: int = 5, result_length: int = 1000,
-                 cache_file: str | None = None, cache_refresh_interval: float = 15.0, async_cache_write: Any = None):
+                 cache_file: str | None = None, cache_refresh_interval: float = 15.0, async_cache_write: Any = None,
+                 summary: dict | None = None, summary_pages: int = 3, summary_max_tokens: int = 1024,
+                 page_timeout_s: float = 10.0, page_max_bytes: int = 2_000_000, page_chars: int = 8000):
         if max_results < 1 or result_length < 1:
             raise ValueError(f"search tool: max_results={max_results} and result_length={result_length} must be >= 1")
+        if min(summary_pages, summary_max_tokens, page_max_bytes, page_chars) < 1 or page_timeout_s <= 0:
+            raise ValueError(f"search tool: summary_pages={summary_pages}, summary_max_tokens={summary_max_tokens}, "
+                             f"page_max_bytes={page_max_bytes} and page_chars={page_chars} must be >= 1 and "
+                             f"page_timeout_s={page_timeout_s} > 0")
         if backend == "bm25":
             self.backend = BM25Backend(corpus_path)
         elif backend == "http":
@@ -190,22 +108,73 @@ class SearchTool(BaseTool):
         else:
             raise ValueError(f"search tool: backend={backend!r} must be 'bm25' or 'http'")
         self.max_results, self.result_length = max_results, result_length
-        self.cache = QueryCache(cache_file, cache_refresh_interval) if cache_file else None
+        self.cache = JsonCache(cache_file, cache_refresh_interval, what="search cache") if cache_file else None
+        try:
+            endpoint = EndpointConfig.from_dict(summary, "search tool param summary") if summary else None
+            self.summarizer = Endpoint(endpoint) if endpoint else None
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"search tool: {err}") from err
+        self.summary_pages, self.summary_max_tokens = summary_pages, summary_max_tokens
+        self.page_timeout_s, self.page_max_bytes, self.page_chars = page_timeout_s, page_max_bytes, page_chars
 
     def execute(self, content: str) -> str:
         query = normalize_query(content)
         if not query:
             raise ToolError("the search query is empty")
+        if self.summarizer is not None:
+            return self._summary(query)
         if self.cache is not None and (hit := self.cache.get(query)) is not None:
             return hit
+        return self._snippets(query, self._search(query))
+
+    def _search(self, query: str) -> list[SearchHit]:
         if self.backend is None:
             raise ToolError(f"{query!r} is not in the search cache, and {self._no_backend}")
-        snippets = self.backend.search(query, self.max_results)
-        text = format_results(snippets, self.max_results, self.result_length)
+        return self.backend.search(query, self.max_results)
+
+    def _snippets(self, query: str, hits: list[SearchHit]) -> str:
+        """The `Page k: snippet` text of the hits, saved in the cache when there are any."""
+        text = format_results([hit.text for hit in hits], self.max_results, self.result_length)
         # Only answers with results are saved: an empty page from the API may be a hiccup worth asking again.
         if self.cache is not None and text != NO_RESULTS:
             self.cache.put(query, text)
         return text
+
+    def _summary(self, query: str) -> str:
+        """The summariser's account of the top pages for `query`, from the cache when it was asked before."""
+        key = key_of("summary", self.summarizer.model, query)
+        if self.cache is not None and (hit := self.cache.get(key)) is not None:
+            return hit
+        cached = self.cache.get(query) if self.cache is not None else None
+        if self.backend is None and cached is not None:
+            pages = [("search results", cached)]  # offline: the cached snippets are all there is to summarise
+        else:
+            hits = [hit for hit in self._search(query) if hit.text.strip() or hit.url]
+            if not hits:
+                return NO_RESULTS
+            self._snippets(query, hits)
+            pages = map_concurrently(self._page, hits[: self.summary_pages], self.summary_pages)
+        try:
+            summary = self.summarizer.chat([{"role": "user", "content": summary_prompt(query, pages)}],
+                                           temperature=0.0, max_tokens=self.summary_max_tokens).strip()
+        except EndpointError as err:  # the endpoint has retried already
+            raise ToolError(f"the page summariser failed: {err}") from err
+        if not summary:
+            raise ToolError(f"the page summariser ({self.summarizer.url}) returned an empty summary", retryable=True)
+        if self.cache is not None:
+            self.cache.put(key, summary)
+        return summary
+
+    def _page(self, hit: SearchHit) -> tuple[str, str]:
+        """(source, text) of one hit: its page's text, or its snippet when the page cannot be fetched."""
+        if hit.url:
+            try:
+                text = fetch_page_text(hit.url, self.page_timeout_s, self.page_max_bytes)
+                if text:
+                    return hit.url, text[: self.page_chars]
+            except ToolError as err:
+                logger.info("search tool: using the snippet instead of the page (%s)", err)
+        return hit.url or "search result", hit.text[: self.page_chars]
 
 
 class BingSearchTool(SearchTool):
