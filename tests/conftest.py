@@ -21,6 +21,15 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_tool_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model after a short cold start on tool-arithmetic demonstrations: it writes <python> calls and boxed
+    answers (tests/served_model.py)."""
+    from served_model import tool_model
+
+    return tool_model(tiny_model_dir, str(tmp_path_factory.mktemp("tiny_tool_model")))
+
+
+@pytest.fixture(scope="session")
 def tiny_reward_model_dir(tmp_path_factory):
     """A tiny Qwen2 reward model (sequence classification, one label) with the tiny model's tokenizer."""
     from verl.demo.tiny_model import build_tiny_model

@@ -166,7 +166,7 @@ def test_an_engine_added_with_register_rollout_passes_validation():
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY, RolloutEngine, register_rollout
 
     cfg = load_config(overrides=["actor_rollout_ref.rollout.name=my_engine"])
-    with pytest.raises(ConfigError, match="rollout.name='my_engine' must be one of auto, hf, vllm"):
+    with pytest.raises(ConfigError, match="rollout.name='my_engine' must be one of auto, hf, openai, vllm"):
         validate_ppo_config(cfg)
     register_rollout("my_engine")(type("MyEngine", (RolloutEngine,), {}))
     try:
@@ -250,3 +250,9 @@ def test_a_verl_key_quiver_does_not_carry_says_so_and_why():
     with pytest.raises(ConfigError, match=r"critic.model.lora_rank .* is a verl key Quiver does not carry: the critic "
                                           r"is always a full FSDP2 model"):
         check_override_keys(base_config("ppo_trainer"), ["critic.model.lora_rank=8"])
+
+
+def test_the_endpoint_engine_is_refused_for_training():
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.name=openai"])
+    with pytest.raises(ConfigError, match="rollout.name=openai sends requests to a served model.*use hf or vllm"):
+        validate_ppo_config(cfg)

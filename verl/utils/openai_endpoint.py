@@ -57,7 +57,16 @@ class EndpointConfig:
             raise ValueError(
                 f"{where}.base_url is not set: give the server's URL, e.g. {where}.base_url=http://127.0.0.1:8000/v1"
             )
-        return cls(**values)
+        config = cls(**values)
+        rules = (
+            (config.timeout_s > 0, "timeout_s", "> 0"),
+            (config.max_retries >= 0, "max_retries", ">= 0"),
+            (config.concurrency >= 1, "concurrency", ">= 1"),
+        )
+        broken = [f"{where}.{key}={getattr(config, key)} must be {rule}" for ok, key, rule in rules if not ok]
+        if broken:
+            raise ValueError("; ".join(broken))
+        return config
 
 
 def _v1_url(base_url: str) -> str:

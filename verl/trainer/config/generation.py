@@ -13,6 +13,7 @@ from typing import Any
 from verl.trainer.config.schema import CodeExecutionConfig, CustomRewardFunctionConfig
 from verl.utils.config import need
 from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
+from verl.utils.openai_endpoint import EndpointConfig
 from verl.utils.typed_config import Section, config_section
 from verl.workers.config.rollout import RolloutConfig
 
@@ -79,16 +80,34 @@ class GenerationModelConfig(Section):
                             "models are never downloaded at run time)")
 
 
+@config_section("rollout.endpoint", GENERATION)
+class GenerationEndpointConfig(Section):
+    """The served model of rollout.name=openai: the fields of `verl.utils.openai_endpoint.EndpointConfig`."""
+
+    base_url: str | None
+    model: str | None
+    api_key_env: str
+    timeout_s: float
+    max_retries: int
+    concurrency: int
+
+
 @config_section("rollout", GENERATION)
 class GenerationRolloutConfig(RolloutConfig):
     prompt_length: int  # used when data.max_prompt_length is null
     response_length: int
+    endpoint: GenerationEndpointConfig
 
     def check(self, problems: list[str]) -> None:
         super().check(problems)
         p = self.__config_prefix__
         if self.name == "auto":
-            problems.append(f"{p}.name=auto: generation runs one named engine in this process (hf or vllm)")
+            problems.append(f"{p}.name=auto: generation runs one named engine (hf, vllm or openai)")
+        if self.name == "openai":
+            try:  # the endpoint's own rules (base_url set, positive timeout and concurrency)
+                EndpointConfig.from_dict(vars(self.endpoint), f"{p}.endpoint")
+            except ValueError as err:
+                problems.append(str(err))
         for key in ("prompt_length", "response_length"):
             need(getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be a positive integer", problems)
 

@@ -71,7 +71,7 @@ class ToolsConfig(Section):
     timeout: float
     retry_count: int
     verbose_logging: bool
-    fail_on_error: bool
+    fail_on_error: bool  # a tool that cannot be loaded: a config error before Ray starts (true) or skipped, warned
     tool_instances: dict[str, Any]
 
     def check(self, problems: list[str]) -> None:
@@ -129,6 +129,9 @@ class RolloutConfig(BranchingConfig):
         engines = known_rollout_names()
         need(self.name in engines, f"{p}.name={self.name!r} must be one of {', '.join(engines)} (an engine of your "
              "own is selectable once actor_rollout_ref.model.external_lib has imported its module)", problems)
+        need(self.name != "openai", f"{p}.name=openai sends requests to a served model, which serves evaluation "
+             "(python -m verl.trainer.main_generation); training needs the engine to take the actor's new weights "
+             "and give log-probs: use hf or vllm", problems)
         need(self.mode in ROLLOUT_MODES, f"{p}.mode={self.mode!r} must be sync or sync_with_tool", problems)
         need(self.temperature >= 0, f"{p}.temperature={self.temperature} must be >= 0 (0 means greedy)", problems)
         need(0 < self.top_p <= 1, f"{p}.top_p={self.top_p} must be in (0, 1]", problems)

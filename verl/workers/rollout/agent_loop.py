@@ -155,6 +155,7 @@ class AgentLoop:
         self.stop_strings = list(tools.stop_strings) if tools is not None else []
         self.call_limit = tools.call_limit if tools is not None else 0
         self.last_branch_draws: list[tuple[int, float, bool]] = []  # (prompt, dH, fired) of the last call, for tests
+        self.measure_entropy = True  # segment entropies (log-probs asked of the engine) only when a call may branch
 
     # ---------------------------------------------------------------------------------------------- public
     def run(self, prompts: list[list[int]], n: int, params: SamplingParams, response_length: int,
@@ -166,6 +167,7 @@ class AgentLoop:
         start = time.perf_counter()
         beam = cfg.beam_size if branching else 1
         self.last_branch_draws = []
+        self.measure_entropy = branching
         groups: list[list[Trajectory]] = [[] for _ in prompts]
 
         initial = [min(max(cfg.initial_rollouts or n, 1), n) if beam > 1 else n for _ in prompts]
@@ -226,7 +228,8 @@ class AgentLoop:
     def _sampling(self, params: SamplingParams, max_tokens: int) -> SamplingParams:
         return SamplingParams(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                               do_sample=params.do_sample, max_tokens=max_tokens, stop=self.stop_strings or None,
-                              logprobs=self.config.entropy_top_k if self.config.entropy_mode == "topk" else None)
+                              logprobs=self.config.entropy_top_k
+                              if self.measure_entropy and self.config.entropy_mode == "topk" else None)
 
     def _generate_round(self, prompts: list[list[int]], active: list[Trajectory], params: SamplingParams,
                         response_length: int) -> list[tuple[Trajectory, float, int]]:
@@ -240,12 +243,13 @@ class AgentLoop:
         for traj, out in zip(active, outputs):
             prefix_len = len(traj.response)
             traj.extend(out.token_ids, out.log_probs, out.entropies, mask=1)
-            h = segment_entropy(out, self.config, self.vocab_size)
-            traj.segment_entropies.append(h)
-            if traj.h_init is None:
-                traj.h_init = h
-            elif traj.after_tool:
-                branch_points.append((traj, h - traj.h_init, prefix_len))
+            if self.measure_entropy:
+                h = segment_entropy(out, self.config, self.vocab_size)
+                traj.segment_entropies.append(h)
+                if traj.h_init is None:
+                    traj.h_init = h
+                elif traj.after_tool:
+                    branch_points.append((traj, h - traj.h_init, prefix_len))
             traj.after_tool = False
             tag = self._tool_tag(out)
             if tag is None:

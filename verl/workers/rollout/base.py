@@ -146,6 +146,7 @@ _ROLLOUT_REGISTRY: dict[str, type[RolloutEngine]] = {}
 _BUILTIN_ROLLOUT_MODULES = {
     "hf": "verl.workers.rollout.hf_rollout",
     "vllm": "verl.workers.rollout.vllm_rollout",
+    "openai": "verl.workers.rollout.openai_rollout",
 }
 
 
