@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl.model_merger.__main__ import main
 from verl.model_merger.fsdp_model_merger import CheckpointError, merge_checkpoint, merge_shards, shard_file_name
+from verl.utils.checkpoint.checkpoint_manager import write_manifest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INPUT_IDS = torch.tensor([[0, 5, 17, 42, 99, 3, 250, 7]])
@@ -31,8 +33,9 @@ def hf_state_dict(hf_dir):
     return AutoModelForCausalLM.from_pretrained(hf_dir).state_dict()  # with lm_head.weight, as model.state_dict() has
 
 
-def write_checkpoint(hf_dir, actor_dir, world_size, *, drop=(), extra=None, replicate=("model.norm.weight",),
-                     state=None):
+def write_checkpoint(
+    hf_dir, actor_dir, world_size, *, drop=(), extra=None, replicate=("model.norm.weight",), state=None
+):
     """The actor half of a checkpoint as the layout in docs/internal_contracts.md describes it (of the causal LM in
     `hf_dir`, or of `state`).
 
@@ -240,11 +243,40 @@ def test_a_critic_checkpoint_merges_into_a_token_classifier(tmp_path, tiny_model
     torch.manual_seed(0)
     value_model = AutoModelForTokenClassification.from_pretrained(tiny_model_dir, num_labels=1).eval()
     value_model.save_pretrained(tmp_path / "value_model")
-    critic = write_checkpoint(str(tmp_path / "value_model"), str(tmp_path / "critic"), 2,
-                              state=value_model.state_dict())
+    critic = write_checkpoint(
+        str(tmp_path / "value_model"), str(tmp_path / "critic"), 2, state=value_model.state_dict()
+    )
     out = merge_checkpoint(critic, str(tmp_path / "merged"))
     merged = AutoModelForTokenClassification.from_pretrained(out).eval()
     assert type(merged).__name__ == "Qwen2ForTokenClassification" and merged.config.num_labels == 1
     with torch.no_grad():
         torch.testing.assert_close(merged(INPUT_IDS).logits, value_model(INPUT_IDS).logits, rtol=0, atol=0)
     assert main(["test", "--local_dir", critic, "--test_hf_dir", str(tmp_path / "value_model")]) == 0
+
+
+@pytest.fixture
+def verified_run_dir(run_dir):
+    """run_dir's global_step_5 with the manifest the trainer writes last."""
+    write_manifest(str(run_dir / "global_step_5"), 5)
+    return run_dir
+
+
+def test_a_checkpoint_with_its_manifest_merges_without_a_warning(verified_run_dir, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        merge_checkpoint(str(verified_run_dir / "global_step_5" / "actor"), str(tmp_path / "merged"))
+
+
+def test_a_damaged_checkpoint_is_refused_naming_each_file(verified_run_dir, tmp_path, capsys):
+    actor = verified_run_dir / "global_step_5" / "actor"
+    shard = actor / shard_file_name(2, 1)
+    size = os.path.getsize(shard)
+    with open(shard, "r+b") as f:
+        f.truncate(size - 1000)
+    os.remove(actor / "huggingface" / "tokenizer.json")
+    assert main(["merge", "--local_dir", str(actor), "--target_dir", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "error: the checkpoint is damaged, refusing to merge it:" in err
+    assert "actor/huggingface/tokenizer.json: missing" in err
+    assert f"actor/{shard_file_name(2, 1)}: {size - 1000} bytes, saved with {size} (truncated)" in err
+    assert not (tmp_path / "out").exists()

@@ -3,7 +3,8 @@ torch.distributed.
 
 Each `model_world_size_W_rank_r.pt` holds rank r's local shard of every tensor (the layout is in
 docs/internal_contracts.md). A sharded tensor is the concatenation of the ranks' shards along its shard dim, in rank
-order; a replicated tensor is rank 0's copy. The merged state dict is loaded into a model built from
+order; a replicated tensor is rank 0's copy (`merge_shards` of verl/utils/checkpoint, which re-sharding on resume
+shares). The shards are first checked against the step's manifest.json. The merged state dict is loaded into a model built from
 `huggingface/config.json` and saved with `save_pretrained`, next to the tokenizer and generation config. An actor
 becomes an AutoModelForCausalLM, a critic (a value head on the same body) an AutoModelForTokenClassification.
 """
@@ -20,21 +21,26 @@ import warnings
 import torch
 from tqdm import tqdm
 
+from verl.utils.checkpoint.checkpoint_manager import (
+    LATEST_FILE,
+    MANIFEST_FILE,
+    STEP_DIR,
+    TMP_PREFIX,
+    CheckpointError,
+    checkpoint_problems,
+    damage_report,
+)
+from verl.utils.checkpoint.fsdp_checkpoint_manager import load_file, merge_shards
+from verl.utils.checkpoint.fsdp_checkpoint_manager import shard_file_name as rank_file_name
 from verl.utils.lora import PEFT_PREFIX, adapter_items, merge_lora_items
 
 SHARD_FILE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
-STEP_DIR = re.compile(r"^global_step_(\d+)$")
-LATEST_FILE = "latest_checkpointed_iteration.txt"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be merged; the message says what is missing or wrong."""
-
-
 def shard_file_name(world_size: int, rank: int) -> str:
-    return f"model_world_size_{world_size}_rank_{rank}.pt"
+    return rank_file_name("model", world_size, rank)
 
 
 def _not_an_actor_dir(local_dir: str) -> CheckpointError:
@@ -83,6 +89,27 @@ def find_world_size(local_dir: str) -> int:
     return world_size
 
 
+def verify_checkpoint(local_dir: str) -> None:
+    """Check `local_dir` (global_step_N/actor or /critic) against its step's manifest.json; a CheckpointError naming
+    every damaged file. Without a manifest (saved before Quiver wrote them) it warns that the merge is unverified."""
+    local_dir = os.path.abspath(local_dir)
+    step_dir, role = os.path.dirname(local_dir), os.path.basename(local_dir)
+    if os.path.basename(step_dir).startswith(TMP_PREFIX):
+        return  # merged while it is being saved (save_contents hf_model): the manifest comes last
+    problems, verified = checkpoint_problems(step_dir, under=role)
+    if problems:
+        raise CheckpointError(
+            f"the checkpoint is damaged, refusing to merge it: {damage_report(step_dir, problems)}. "
+            "Merge an earlier global_step_N instead"
+        )
+    if not verified:
+        warnings.warn(
+            f"{os.path.join(step_dir, MANIFEST_FILE)} not found (a checkpoint saved before Quiver wrote "
+            "manifests, or an actor directory copied on its own): merging unverified shards",
+            stacklevel=2,
+        )
+
+
 def load_shards(local_dir: str, world_size: int) -> list[dict]:
     """Every rank's shard file, in rank order, loaded on CPU."""
     paths = [os.path.join(local_dir, shard_file_name(world_size, rank)) for rank in range(world_size)]
@@ -92,7 +119,7 @@ def load_shards(local_dir: str, world_size: int) -> list[dict]:
     shards = []
     for path in tqdm(paths, desc="Loading shards", unit="rank"):
         try:
-            shard = torch.load(path, map_location="cpu", weights_only=True)
+            shard = load_file(path, weights_only=True)
         except pickle.UnpicklingError as e:
             raise CheckpointError(
                 f"{path} is not a plain-tensor shard file (format quiver-local-shards-v1); "
@@ -102,29 +129,6 @@ def load_shards(local_dir: str, world_size: int) -> list[dict]:
             raise CheckpointError(f"{path} has no 'tensors' entry; expected the quiver-local-shards-v1 layout")
         shards.append(shard)
     return shards
-
-
-def merge_shards(shards: list[dict]) -> dict[str, torch.Tensor]:
-    """Full tensors from the ranks' local shards; checks each against the saved global shape."""
-    merged = {}
-    for name, placement in shards[0]["placements"].items():
-        lacking = [rank for rank, shard in enumerate(shards) if name not in shard["tensors"]]
-        if lacking:
-            raise CheckpointError(f"tensor {name} is missing from the shard files of ranks {lacking}")
-        pieces = [shard["tensors"].pop(name) for shard in shards]
-        expected = list(shards[0]["global_shapes"][name])
-        shapes = f"global shape {expected}, rank shard shapes {[list(p.shape) for p in pieces]}"
-        if placement[0] == "shard":
-            try:
-                full = torch.cat(pieces, dim=placement[1])
-            except RuntimeError as e:
-                raise CheckpointError(f"tensor {name}: cannot concatenate along dim {placement[1]} ({shapes})") from e
-        else:
-            full = pieces[0]
-        if list(full.shape) != expected:
-            raise CheckpointError(f"tensor {name}: merged shape {list(full.shape)} != {shapes}")
-        merged[name] = full
-    return merged
 
 
 def auto_model_class(config):
@@ -175,7 +179,9 @@ def fold_lora(local_dir: str, state: dict[str, torch.Tensor]) -> dict[str, torch
 
 def merged_state(local_dir: str) -> tuple[dict[str, torch.Tensor], torch.dtype]:
     """The full state dict of the checkpoint in `local_dir` (as saved: LoRA adapters not folded) and its dtype."""
-    shards = load_shards(local_dir, find_world_size(local_dir))
+    world_size = find_world_size(local_dir)
+    verify_checkpoint(local_dir)
+    shards = load_shards(local_dir, world_size)
     return merge_shards(shards), getattr(torch, shards[0].get("dtype", "float32"))
 
 
@@ -195,8 +201,7 @@ def save_lora_adapter(local_dir: str, state: dict[str, torch.Tensor], target_dir
     if not adapter:
         raise CheckpointError(f"--save_lora_adapter: the checkpoint in {local_dir} has no LoRA adapter")
     os.makedirs(target_dir, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in adapter.items()},
-              os.path.join(target_dir, "adapter_model.safetensors"))
+    save_file({k: v.contiguous() for k, v in adapter.items()}, os.path.join(target_dir, "adapter_model.safetensors"))
     shutil.copy2(os.path.join(local_dir, "lora_adapter", "adapter_config.json"), target_dir)
     return target_dir
 
