@@ -85,7 +85,7 @@ def test_load_reward_manager_uses_default_compute_score():
     assert manager.compute_score.func is default_compute_score
     reward_tensor, extra = compute_reward(one_row_batch("#### 7", "7"), manager)
     assert reward_tensor[0, 5] == 1.0 and reward_tensor.sum() == 1.0
-    assert extra == {}
+    assert extra == {"reward_status": ["ok"]}
 
 
 def test_code_test_subsampling_only_outside_evaluation():
@@ -104,7 +104,7 @@ def test_load_reward_manager_with_custom_function(custom_file):
     manager = load_reward_manager(make_config(custom_file), CharTokenizer(), num_examine=0)
     reward_tensor, extra = compute_reward(one_row_batch("abc", "abc", data_source="anything"), manager)
     assert reward_tensor[0, 2] == 1.0
-    assert extra == {"length": [3]}
+    assert extra == {"length": [3], "reward_status": ["ok"]}
 
 
 def test_load_reward_manager_unknown_manager():

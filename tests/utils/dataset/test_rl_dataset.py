@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from verl.protocol import DataProto
+from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import (
     RLHFDataset,
     _check_row,
@@ -155,6 +156,34 @@ def test_bad_row_names_file_row_and_column(tokenizer, tmp_path, bad_row, expecte
         RLHFDataset(path, tokenizer, {"max_prompt_length": 16})
     assert str(info.value).startswith(f"{path}, ")
     assert expected in str(info.value)
+
+
+def test_unreadable_files_name_the_file_and_line(tokenizer, tmp_path):
+    """Damaged files are ConfigErrors (one paragraph before Ray starts) naming the file and, for JSONL, the line."""
+    rows = [json.dumps(_row(str(i))) for i in range(4)]
+    jsonl = tmp_path / "cut.jsonl"
+    jsonl.write_text("\n".join(rows[:2] + ["", rows[2][:25], rows[3]]) + "\n")  # line 3 blank, line 4 cut short
+    with pytest.raises(ConfigError) as info:
+        RLHFDataset(str(jsonl), tokenizer, {})
+    assert str(info.value).startswith(
+        f"{jsonl}, line 4: not valid JSON (Unterminated string starting at column 17): {rows[2][:25]!r}"
+    )
+    listed = tmp_path / "list.jsonl"
+    listed.write_text(rows[0] + "\n[1, 2]\n")
+    with pytest.raises(ConfigError, match=rf"{listed}, line 2: a list, not a JSON object"):
+        RLHFDataset(str(listed), tokenizer, {})
+    broken_json = tmp_path / "rows.json"
+    broken_json.write_text("[" + rows[0] + ",\n" + rows[1][:10])
+    with pytest.raises(ConfigError, match=rf"{broken_json}: not valid JSON \(Unterminated string starting at line 2, "):
+        RLHFDataset(str(broken_json), tokenizer, {})
+    empty = _write_parquet(tmp_path / "empty.parquet", [_row("x")])
+    pd.read_parquet(empty).iloc[:0].to_parquet(empty, index=False)
+    with pytest.raises(ConfigError, match=rf"{empty} holds no rows"):
+        RLHFDataset([_write_parquet(tmp_path / "good.parquet", [_row("x")]), empty], tokenizer, {})
+    truncated = tmp_path / "truncated.parquet"
+    truncated.write_bytes(b"PAR1\x00")
+    with pytest.raises(ConfigError, match=rf"{truncated}: not a readable parquet file \(.*\)\. The file is damaged"):
+        RLHFDataset(str(truncated), tokenizer, {})
 
 
 def test_bad_parquet_column_and_unknown_settings(tokenizer, tmp_path):

@@ -13,7 +13,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.protocol import DataProto
 from verl.utils.torch_functional import logprobs_from_logits
-from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.actor.dp_actor import DataParallelPPOActor, count_skipped_steps
 
 PROMPT, RESPONSE, VOCAB = 5, 6, 50
 
@@ -116,8 +116,35 @@ def test_non_finite_gradient_skips_the_step():
     data.batch["advantages"][0, 0] = float("nan")
     updated, metrics = _update(model, data)
     assert math.isnan(metrics["actor/grad_norm"][0])
+    assert metrics["actor/skipped_steps"] == [1.0] and metrics["actor/skipped_steps_in_row"] == [1.0]
     for p_before, p_after in zip(model.parameters(), updated.parameters()):
         assert torch.equal(p_before, p_after)
+
+
+def test_skipped_steps_are_counted_in_a_row_across_updates():
+    """Mini-batches of 3 rows: a NaN advantage in row 4 poisons the second optimizer step of each update only."""
+    model = _model()
+    data = _batch(model)
+    data.batch["advantages"][4, 0] = float("nan")
+    module = copy.deepcopy(model)
+    actor = DataParallelPPOActor(_config(ppo_mini_batch_size=3), module, torch.optim.SGD(module.parameters(), lr=0.0))
+    first = actor.update_policy(data)
+    assert math.isfinite(first["actor/grad_norm"][0]) and math.isnan(first["actor/grad_norm"][1])
+    assert first["actor/skipped_steps"] == [1.0] and first["actor/skipped_steps_in_row"] == [1.0]
+    data.batch["advantages"][0, 0] = float("nan")  # now both steps of the next update are skipped
+    second = actor.update_policy(data)
+    assert second["actor/skipped_steps"] == [2.0] and second["actor/skipped_steps_in_row"] == [3.0]
+    data.batch["advantages"] = torch.nan_to_num(data.batch["advantages"])
+    third = actor.update_policy(data)
+    assert third["actor/skipped_steps"] == [0.0] and third["actor/skipped_steps_in_row"] == [0.0]
+
+
+@pytest.mark.parametrize(("norms", "in_row", "expected"), [
+    ([1.0, 2.0], 5, (0, 0)), ([math.nan, 1.0], 2, (1, 0)), ([1.0, math.inf, math.nan], 0, (2, 2)),
+    ([math.nan, math.nan], 3, (2, 5)), ([], 4, (0, 4)),
+])
+def test_count_skipped_steps(norms, in_row, expected):
+    assert count_skipped_steps(norms, in_row) == expected
 
 
 def _spy_on_loss(monkeypatch):

@@ -101,7 +101,18 @@ def test_updates_fit_the_returns():
     losses = [critic.update_critic(data)["critic/vf_loss"] for _ in range(3)]
     assert losses[-1][-1] < 0.5 * losses[0][0]
     assert set(critic.update_critic(data)) == {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean",
-                                               "critic/grad_norm"}
+                                               "critic/grad_norm", "critic/skipped_steps",
+                                               "critic/skipped_steps_in_row"}
+
+
+def test_a_non_finite_return_skips_the_step_and_is_counted():
+    model = _model()
+    data = _with_values(DataParallelPPOCritic(_config(), model), _batch())
+    data.batch["returns"][0, 0] = float("nan")
+    updated, metrics = _update(model, data, steps=2)  # two updates of one optimizer step each, both skipped
+    assert metrics["critic/skipped_steps"] == [1.0] and metrics["critic/skipped_steps_in_row"] == [2.0]
+    for p_before, p_after in zip(model.parameters(), updated.parameters()):
+        assert torch.equal(p_before, p_after)
 
 
 def test_ppo_epochs_and_mini_batches_take_one_step_each():

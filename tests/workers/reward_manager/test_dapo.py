@@ -76,7 +76,7 @@ def test_extra_info_keys():
         batch_of_lengths([3, 8, 10]), return_dict=True
     )
     info = out["reward_extra_info"]
-    assert set(info) == {"score", "acc", "overlong_reward", "overlong"}
+    assert set(info) == {"score", "acc", "overlong_reward", "overlong", "reward_status"}
     assert info["score"] == [1.0, 0.0, 1.0]  # before the penalty
     assert info["acc"] == [1.0, 0.0, 1.0]
     assert info["overlong_reward"] == [0.0, -0.5, -1.0]
@@ -84,7 +84,7 @@ def test_extra_info_keys():
     assert out["reward_tensor"].sum(-1).tolist() == [1.0, -0.5, 0.0]
 
     out = manager(log=False)(batch_of_lengths([3]), return_dict=True)
-    assert set(out["reward_extra_info"]) == {"score", "acc"}
+    assert set(out["reward_extra_info"]) == {"score", "acc", "reward_status"}
 
 
 def test_acc_from_compute_score_is_kept():
@@ -92,7 +92,7 @@ def test_acc_from_compute_score_is_kept():
         return {"score": -1.0, "acc": True, "pred": solution_str}
 
     info = manager(compute_score, log=False)(batch_of_lengths([2]), return_dict=True)["reward_extra_info"]
-    assert info == {"score": [-1.0], "acc": [True], "pred": ["xx"]}
+    assert info == {"score": [-1.0], "acc": [True], "pred": ["xx"], "reward_status": ["ok"]}
 
 
 def test_config_errors():

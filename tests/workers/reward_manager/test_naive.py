@@ -101,7 +101,7 @@ def test_dict_scores_and_return_dict():
     assert set(out) == {"reward_tensor", "reward_extra_info", "reward_metrics"}
     assert out["reward_metrics"]["reward/s/mean"] == 2.5
     assert out["reward_tensor"][0, 1] == 2.0 and out["reward_tensor"][1, 2] == 3.0
-    assert out["reward_extra_info"] == {"acc": [True, False], "pred": ["ok", "bad"]}
+    assert out["reward_extra_info"] == {"acc": [True, False], "pred": ["ok", "bad"], "reward_status": ["ok", "ok"]}
 
 
 def test_custom_reward_fn_key():
@@ -143,6 +143,7 @@ def test_register_custom_manager(monkeypatch):
 
 
 def test_rows_without_an_extra_key_get_none_and_statuses_become_metrics():
+    """A scorer's own reward_status (the response's fault, e.g. no code) is kept, and is not a failed sample."""
     def compute_score(solution_str, data_source, **kwargs):
         if solution_str == "plain":
             return 1.0
@@ -151,7 +152,7 @@ def test_rows_without_an_extra_key_get_none_and_statuses_become_metrics():
     data = make_batch(["a", "b", "c", "d"], ["plain", "no_code", "timeout", "no_code"], ["x", "x", "y", "y"],
                       ["", "", "", ""])
     out = NaiveRewardManager(CharTokenizer(), 0, compute_score=compute_score)(data, return_dict=True)
-    assert out["reward_extra_info"] == {"reward_status": [None, "no_code", "timeout", "no_code"],
+    assert out["reward_extra_info"] == {"reward_status": ["ok", "no_code", "timeout", "no_code"],
                                         "why": [None, "because", "because", "because"]}
     metrics = out["reward_metrics"]
     assert metrics["reward/status/no_code"] == 0.5 and metrics["reward/status/timeout"] == 0.25

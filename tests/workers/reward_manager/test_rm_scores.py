@@ -42,8 +42,23 @@ def test_rm_scores_are_the_reward_and_no_rule_is_graded(name):
     assert result["reward_tensor"] is not data.batch["rm_scores"]  # a copy: penalties never write into the batch
     assert result["reward_extra_info"]["rm_score"] == RM
     assert result["reward_metrics"] == {"reward/arithmetic/mean": pytest.approx(-0.625),
-                                        "reward/other/mean": pytest.approx(0.75)}
+                                        "reward/other/mean": pytest.approx(0.75), "reward/status/ok": 1.0,
+                                        "reward/failed_fraction": 0.0}
     torch.testing.assert_close(manager(data), data.batch["rm_scores"])
+
+
+@pytest.mark.parametrize("name", ["naive", "dapo", "pool", "batch"])
+def test_a_non_finite_rm_score_scores_0_and_is_counted(name, capsys):
+    data = batch_with_rm_scores()
+    data.batch["rm_scores"][1, 7] = float("nan")
+    manager = get_reward_manager_cls(name)(CharTokenizer(), 0, compute_score=refuse, num_workers=1)
+    result = manager(data, return_dict=True)
+    assert result["reward_tensor"].sum(-1).tolist() == [0.25, 0.0, 0.75]
+    assert result["reward_extra_info"]["reward_status"] == ["ok", "non_finite", "ok"]
+    assert result["reward_metrics"]["reward/status/non_finite"] == pytest.approx(1 / 3)
+    assert result["reward_metrics"]["reward/arithmetic/mean"] == pytest.approx(0.125)
+    assert "the reward model (reward_model.model.path) failed on a sample of data source 'arithmetic' (row 1" in (
+        capsys.readouterr().out)
 
 
 def test_dapo_columns_come_from_the_rm_scores():

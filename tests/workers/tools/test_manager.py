@@ -140,23 +140,54 @@ def test_reference_class_paths_load_our_classes(tmp_path):
         assert (search.max_results, search.backend.location, search.backend.zone) == (10, "cn", "z")
 
 
-def test_a_tool_that_fails_to_load_is_skipped_or_raises(corpus, caplog):
+def test_a_tool_that_fails_to_load_raises_or_is_skipped(corpus, caplog):
     broken = {"calc": {"class_path": "no.such.Calculator"}, "python": {"class_path": PYTHON}}
+    named = rf"{PREFIX}.tool_instances.calc.class_path=no.such.Calculator: .*No module named"
+    with pytest.raises(ValueError, match=named):  # fail_on_error: true by default
+        ToolManager.from_config({"tool_instances": broken})
     with caplog.at_level(logging.WARNING):
-        with ToolManager.from_config({"tool_instances": broken}) as tools:
+        with ToolManager.from_config({"fail_on_error": False, "tool_instances": broken}) as tools:
             assert list(tools.tools) == ["python"]
     assert f"{PREFIX}.tool_instances.calc.class_path=no.such.Calculator" in caplog.text
-    named = rf"{PREFIX}.tool_instances.calc.class_path=no.such.Calculator: .*No module named"
-    with pytest.raises(ValueError, match=named):
-        ToolManager.from_config({"fail_on_error": True, "tool_instances": broken})
     bad_params = {"search": {"class_path": "verl.workers.tools.search_tool.SearchTool",
                              "params": {"corpus_path": corpus, "max_result": 3}}}
     with pytest.raises(ValueError, match=r"tool_instances.search.class_path=.*SearchTool: .*max_result"):
-        ToolManager.from_config({"fail_on_error": True, "tool_instances": bad_params})
-    assert ToolManager.from_config({"tool_instances": bad_params}) is None  # the only tool was skipped
+        ToolManager.from_config({"tool_instances": bad_params})
+    assert ToolManager.from_config({"fail_on_error": False, "tool_instances": bad_params}) is None  # skipped
     not_a_tool = {"x": {"class_path": "collections.OrderedDict"}}
     with pytest.raises(ValueError, match="not a BaseTool subclass"):
-        ToolManager.from_config({"fail_on_error": True, "tool_instances": not_a_tool})
+        ToolManager.from_config({"tool_instances": not_a_tool})
+
+
+def agent_rollout(tools: dict, mode: str = "sync_with_tool"):
+    """A rollout node as the composed config holds it."""
+    return OmegaConf.create({"mode": mode, "tools": {**HYDRA_DEFAULTS, **tools}})
+
+
+def test_check_tools_stops_a_run_before_ray_or_warns_on_the_driver(corpus, capsys):
+    """main_ppo's pre-Ray check: the class is imported and its params bound, nothing is built."""
+    from verl.utils.config import ConfigError
+    from verl.workers.tools.manager import check_tools
+
+    tools = {"python": {"class_path": PYTHON},
+             "calc": {"class_path": "verl.workers.tools.python_tool.PythonTol"},
+             "search": {"class_path": "verl.workers.tools.search_tool.SearchTool",
+                        "params": {"corpus_path": corpus, "max_result": 3}}}
+    with pytest.raises(ConfigError) as error:
+        check_tools(agent_rollout({"tool_instances": tools}))
+    lines = str(error.value).splitlines()
+    assert lines[0] == (f"{PREFIX}.tool_instances.calc.class_path=verl.workers.tools.python_tool.PythonTol: the tool "
+                        "could not be loaded: ImportError: module verl.workers.tools.python_tool has no PythonTol")
+    assert lines[1].startswith(f"{PREFIX}.tool_instances.search.class_path=verl.workers.tools.search_tool.SearchTool:"
+                               " the tool could not be loaded: TypeError: got an unexpected keyword argument")
+    assert f"or set {PREFIX}.fail_on_error=false" in lines[2]
+
+    check_tools(agent_rollout({"tool_instances": tools, "fail_on_error": False}))
+    warnings = capsys.readouterr().out.splitlines()
+    assert len(warnings) == 2 and all(line.startswith("[tools] WARNING ") for line in warnings)
+    assert "PythonTol" in warnings[0] and warnings[0].endswith("the run goes on without this tool")
+    check_tools(agent_rollout({"tool_instances": tools}, mode="sync"))  # no agent loop: the tools are not used
+    check_tools(agent_rollout({"tool_instances": {"python": {"class_path": PYTHON}}}))
 
 
 @pytest.mark.parametrize(("config", "message"), [
@@ -341,7 +372,7 @@ def test_a_tool_file_wins_over_inline_keys_nobody_set(tmp_path):
     path.write_text("call_limit: 3\nretry_count: 4\ntool_instances:\n  python:\n    class_path: a.B\n")
     # What the composed config holds when only config_path was given: the shipped defaults (call_limit 5, ...).
     inline = {"config_path": str(path), "call_limit": 5, "max_workers": 64, "timeout": 120, "retry_count": 3,
-              "verbose_logging": False, "fail_on_error": False, "tool_instances": {}}
+              "verbose_logging": False, "fail_on_error": True, "tool_instances": {}}
     settings = load_tool_config(inline)
     assert (settings["call_limit"], settings["retry_count"]) == (3, 4) and list(settings["tool_instances"]) == ["python"]
     assert load_tool_config({**inline, "call_limit": 7})["call_limit"] == 7  # an inline value someone set wins

@@ -6,6 +6,7 @@ starts.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -58,12 +59,15 @@ def load_config(config_name: str = "ppo_trainer", overrides: list[str] | None = 
 def run_cli(default_config_name: str, run: Callable[[DictConfig], object], argv: list[str] | None = None) -> int:
     """The body of every `python -m verl.trainer.X k=v ...` entry: parse, load and check the config, call `run`.
 
-    A config mistake prints one message and exits with code 2 before anything starts.
+    A config mistake prints one message and exits with code 2 before anything starts (with HYDRA_FULL_ERROR=1, as
+    Hydra's own entry points do, it is raised with its traceback instead).
     """
     config_dir, config_name, overrides = parse_cli(sys.argv[1:] if argv is None else argv, default_config_name)
     try:
         run(load_config(config_name, overrides, config_dir=config_dir))
     except ConfigError as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
         print(f"Config error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -9,8 +9,9 @@ A row follows verl's schema (`docs/preparation/prepare_data.rst` in verl)::
      "extra_info": {"index": 0, ...}}
 
 Every row is checked when the files are read, so a malformed file (or, with `data.truncation=error`, a prompt
-longer than `data.max_prompt_length`) fails at start-up with the file, the row and the column in the message, not
-at step 300. `collate_fn` stacks items into the dict that `DataProto.from_single_dict` takes: tensors
+longer than `data.max_prompt_length`) fails at start-up with the file, the row (or line) and the column in the
+message, not at step 300: a ConfigError, which the entry points print as one paragraph before Ray starts.
+`collate_fn` stacks items into the dict that `DataProto.from_single_dict` takes: tensors
 `(batch, max_prompt_length)`, everything else numpy object arrays.
 """
 
@@ -29,7 +30,8 @@ from torch.utils.data import Dataset, Sampler, SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler
 
-from verl.utils.config import option
+from verl.utils.config import ConfigError, option
+from verl.utils.preflight import json_error
 from verl.utils.torch_functional import compute_position_id_with_mask
 
 logger = logging.getLogger(__name__)
@@ -38,32 +40,65 @@ DATA = "data"
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 
 
+def _jsonl_rows(path: str) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for number, line in enumerate(f, start=1):
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise ConfigError(
+                    f"{path}, line {number}: not valid JSON ({json_error(err, with_line=False)}): {text!r:.120}. "
+                    "Each line of a .jsonl file must be one JSON object: fix or delete that line"
+                ) from None
+            if not isinstance(row, dict):
+                raise ConfigError(
+                    f"{path}, line {number}: a {type(row).__name__}, not a JSON object; each line of a "
+                    ".jsonl file must be one row object"
+                )
+            rows.append(row)
+    return rows
+
+
 def read_rows(path: str) -> list[dict]:
-    """All rows of one .parquet, .jsonl or .json (a list of objects) file as plain Python dicts."""
+    """All rows of one .parquet, .jsonl or .json (a list of objects) file as plain Python dicts; a ConfigError naming
+    the file (and the line of a .jsonl) when it cannot be read."""
     if path.endswith(".parquet"):
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid (a ValueError) for a damaged or empty file
+            raise ConfigError(
+                f"{path}: not a readable parquet file ({err}). The file is damaged or was cut short: write it again"
+            ) from None
     if path.endswith(".jsonl"):
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return _jsonl_rows(path)
     if path.endswith(".json"):
         with open(path) as f:
-            rows = json.load(f)
+            try:
+                rows = json.load(f)
+            except json.JSONDecodeError as err:
+                raise ConfigError(
+                    f"{path}: not valid JSON ({json_error(err)}); a .json data file holds one list of row objects"
+                ) from None
         if not isinstance(rows, list):
-            raise ValueError(f"{path}: a .json data file must hold a list of row objects")
+            raise ConfigError(f"{path}: a .json data file must hold a list of row objects")
         return rows
-    raise ValueError(f"{path}: unsupported data file type; use .parquet, .jsonl or .json")
+    raise ConfigError(f"{path}: unsupported data file type; use .parquet, .jsonl or .json")
 
 
 def _check_row(row: dict, where: str, prompt_key: str, reward_fn_key: str) -> dict:
     """Validate one row and return it with plain-list messages and `reward_model`/`extra_info` defaults."""
     if prompt_key not in row:
-        raise ValueError(
+        raise ConfigError(
             f"{where}: no '{prompt_key}' column (columns present: {sorted(row)}); "
             f"set data.prompt_key to the column that holds the chat messages"
         )
     messages = row[prompt_key]
     if not isinstance(messages, (list, tuple, np.ndarray)) or len(messages) == 0:
-        raise ValueError(
+        raise ConfigError(
             f"{where}, column '{prompt_key}': expected a non-empty list of "
             f"{{'role': ..., 'content': ...}} messages, got {type(messages).__name__}: {messages!r:.200}"
         )
@@ -73,23 +108,23 @@ def _check_row(row: dict, where: str, prompt_key: str, reward_fn_key: str) -> di
             and isinstance(message.get("role"), str)
             and isinstance(message.get("content"), str)
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"{where}, column '{prompt_key}', message {j}: expected a dict with string 'role' and "
                 f"'content', got {message!r:.200}"
             )
     if not isinstance(row.get(reward_fn_key), str) or not row[reward_fn_key]:
-        raise ValueError(
+        raise ConfigError(
             f"{where}, column '{reward_fn_key}': missing or empty; every row needs the name of its "
             f"reward function (columns present: {sorted(row)})"
         )
     reward_model = row.get("reward_model")
     if reward_model is not None and not isinstance(reward_model, dict):
-        raise ValueError(
+        raise ConfigError(
             f"{where}, column 'reward_model': expected a dict like {{'ground_truth': ...}}, got {reward_model!r:.200}"
         )
     extra_info = row.get("extra_info")
     if extra_info is not None and not isinstance(extra_info, dict):
-        raise ValueError(f"{where}, column 'extra_info': expected a dict, got {extra_info!r:.200}")
+        raise ConfigError(f"{where}, column 'extra_info': expected a dict, got {extra_info!r:.200}")
     return {
         **row,
         prompt_key: [dict(message) for message in messages],
@@ -123,9 +158,9 @@ class RLHFDataset(Dataset):
         # data.filter_overlong_prompts_workers is not read: prompt lengths come from one batched call to the Rust
         # tokenizer, which already uses every core.
         if self.truncation not in TRUNCATION_MODES:
-            raise ValueError(f"data.truncation={self.truncation!r} is not one of {', '.join(TRUNCATION_MODES)}")
+            raise ConfigError(f"data.truncation={self.truncation!r} is not one of {', '.join(TRUNCATION_MODES)}")
         if self.max_prompt_length <= 0:
-            raise ValueError(f"data.max_prompt_length={self.max_prompt_length} must be positive")
+            raise ConfigError(f"data.max_prompt_length={self.max_prompt_length} must be positive")
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
         self.data_files = [data_files] if isinstance(data_files, str) else list(data_files)
@@ -133,7 +168,13 @@ class RLHFDataset(Dataset):
         self.origins: list[tuple[str, int, int]] = []  # (file, row in file, row over all files) per item
         for path in self.data_files:
             path = os.path.expanduser(path)
-            for i, row in enumerate(read_rows(path)):
+            rows = read_rows(path)
+            if not rows:
+                raise ConfigError(
+                    f"{path} holds no rows: a data file needs at least one prompt (was it written "
+                    "completely?); point data.train_files / data.val_files at the right file"
+                )
+            for i, row in enumerate(rows):
                 self.rows.append(_check_row(row, f"{path}, row {i}", self.prompt_key, self.reward_fn_key))
                 self.origins.append((path, i, len(self.origins)))
         if option(config, "filter_overlong_prompts", DATA):
@@ -141,7 +182,11 @@ class RLHFDataset(Dataset):
         elif self.truncation == "error":
             self._check_prompt_lengths()
         if not self.rows:
-            raise ValueError(f"no prompts left in {self.data_files}")
+            raise ConfigError(
+                f"no prompts left in {', '.join(self.data_files)}: data.filter_overlong_prompts dropped "
+                f"every one, each being longer than data.max_prompt_length={self.max_prompt_length}; "
+                "raise it, or cut prompts with data.truncation=left|right|middle"
+            )
 
     def _render(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(
@@ -152,10 +197,10 @@ class RLHFDataset(Dataset):
         texts = [self._render(row[self.prompt_key]) for row in self.rows]
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
-    def _overlong_error(self, item: int, n_tokens: int, n_overlong: int = 1) -> ValueError:
+    def _overlong_error(self, item: int, n_tokens: int, n_overlong: int = 1) -> ConfigError:
         path, row_in_file, _ = self.origins[item]
         others = f" ({n_overlong - 1} more prompts are too long as well)" if n_overlong > 1 else ""
-        return ValueError(
+        return ConfigError(
             f"{path}, row {row_in_file}: the prompt has {n_tokens} tokens, more than "
             f"data.max_prompt_length={self.max_prompt_length}{others}. Set data.filter_overlong_prompts=True to drop "
             f"such prompts, data.truncation=left|right|middle to cut them, or raise data.max_prompt_length."

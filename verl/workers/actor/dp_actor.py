@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 from collections import defaultdict
 
 import torch
@@ -37,6 +38,20 @@ ACTOR = "actor_rollout_ref.actor"
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 # Positions per chunk with entropy_from_logits_with_chunking (verl's chunk: 2048 tokens).
 LOGITS_CHUNK = 2048
+
+
+def count_skipped_steps(grad_norms: list[float], in_row: int) -> tuple[int, int]:
+    """(how many of an update's optimizer steps were skipped, the run of skipped steps ending at its last one).
+
+    `grad_norms` are the update's norms in order; `clip_grad_and_step` skips a step whose norm is not finite. A run
+    reaching back to the start of the update continues `in_row`, the run the previous update ended with.
+    """
+    skipped = 0
+    for norm in grad_norms:
+        finite = math.isfinite(norm)
+        skipped += not finite
+        in_row = 0 if finite else in_row + 1
+    return skipped, in_row
 
 
 @contextlib.contextmanager
@@ -87,6 +102,7 @@ class DataParallelPPOActor:
         # Packed rows: one row under a varlen attention kernel; filler tokens at the end of shorter rows.
         self.varlen_attention = uses_varlen_attention(hf_model.config)
         self.filler_token_id = getattr(hf_model.config, "pad_token_id", None) or 0
+        self.skipped_in_row = 0  # optimizer steps skipped in a row, across updates (non-finite gradient norm)
 
     # ----------------------------------------------------------------------------------------------- forward
     def _forward_micro_batch(self, micro_batch, temperature: float, calculate_entropy: bool,
@@ -173,7 +189,9 @@ class DataParallelPPOActor:
 
             loss = policy_loss(objective.advantages(A)) - entropy_coeff * entropy + objective.kl_loss(kl)
 
-        Returns metrics as lists (one entry per micro-batch or per optimizer step).
+        Returns metrics as lists (one entry per micro-batch or per optimizer step); `actor/skipped_steps` counts the
+        optimizer steps skipped for a non-finite gradient norm, `actor/skipped_steps_in_row` the run of them up to the
+        last (the trainer stops at `trainer.max_skipped_steps_in_row`).
         """
         cfg = self.config
         self.actor_module.train()
@@ -226,4 +244,7 @@ class DataParallelPPOActor:
                     metrics[name].append(float(value))
             metrics["actor/grad_norm"].append(
                 clip_grad_and_step(self.actor_module, self.actor_optimizer, self.max_grad_norm))
+        skipped, self.skipped_in_row = count_skipped_steps(metrics["actor/grad_norm"], self.skipped_in_row)
+        metrics["actor/skipped_steps"] = [float(skipped)]
+        metrics["actor/skipped_steps_in_row"] = [float(self.skipped_in_row)]
         return dict(metrics)

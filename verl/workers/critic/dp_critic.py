@@ -25,6 +25,7 @@ from verl.utils.packing import (
 )
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
 from verl.utils.torch_functional import masked_mean
+from verl.workers.actor.dp_actor import count_skipped_steps
 from verl.workers.ppo_batches import ppo_mini_batches
 
 CRITIC = "critic"
@@ -51,6 +52,7 @@ class DataParallelPPOCritic:
                                                                               f"{CRITIC}.optim")
         self.varlen_attention = uses_varlen_attention(critic_module.config)
         self.filler_token_id = getattr(critic_module.config, "pad_token_id", None) or 0
+        self.skipped_in_row = 0  # optimizer steps skipped in a row, across updates (non-finite gradient norm)
 
     # ----------------------------------------------------------------------------------------------- forward
     def _forward_micro_batch(self, micro_batch) -> torch.Tensor:
@@ -96,7 +98,8 @@ class DataParallelPPOCritic:
         """`ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` sequences, one optimizer step each, of
         the clipped value loss (verl/algorithms/critic_loss.py) against `returns`, clipped around `values`.
 
-        Returns metrics as lists (one entry per micro-batch or per optimizer step).
+        Returns metrics as lists (one entry per micro-batch or per optimizer step), with `critic/skipped_steps` and
+        `critic/skipped_steps_in_row` as the actor's (`count_skipped_steps`).
         """
         cfg = self.config
         self.critic_module.train()
@@ -114,4 +117,7 @@ class DataParallelPPOCritic:
                 metrics["critic/vpred_mean"].append(masked_mean(vpreds.detach(), mask).item())
             metrics["critic/grad_norm"].append(
                 clip_grad_and_step(self.critic_module, self.critic_optimizer, self.max_grad_norm, who="critic"))
+        skipped, self.skipped_in_row = count_skipped_steps(metrics["critic/grad_norm"], self.skipped_in_row)
+        metrics["critic/skipped_steps"] = [float(skipped)]
+        metrics["critic/skipped_steps_in_row"] = [float(self.skipped_in_row)]
         return dict(metrics)

@@ -20,5 +20,6 @@ class DAPORewardManager(NaiveRewardManager):
 
     def add_extra_info(self, scores: list[float], reward_extra_info: dict[str, list]) -> None:
         reward_extra_info["score"] = list(scores)
-        if "acc" not in reward_extra_info:
-            reward_extra_info["acc"] = [float(score > 0) for score in scores]
+        # A row without compute_score's own acc (it did not return one, or its grading failed): score > 0.
+        acc = reward_extra_info.get("acc") or [None] * len(scores)
+        reward_extra_info["acc"] = [float(score > 0) if a is None else a for a, score in zip(acc, scores)]

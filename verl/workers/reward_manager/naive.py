@@ -13,7 +13,6 @@ place of the RM and may query it; return e.g. its rule score plus the RM's to co
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -27,15 +26,20 @@ from verl.protocol import DataProto
 from verl.utils.config import option
 from verl.utils.reward_score import default_compute_score
 from verl.utils.timed_pool import TimedProcessPool
+from verl.workers.reward_manager.isolation import (
+    GradingFailure,
+    ScoreChecker,
+    call_isolated,
+    describe_function,
+    status_metrics,
+)
 from verl.workers.reward_manager.registry import register_reward_manager
 
 OVERLONG = "reward_model.overlong_buffer"
 # Seconds one sample's grading may take in a worker process when the config sets no code-execution limits.
 GRADING_TIMEOUT_S = 30.0
-
-logger = logging.getLogger(__name__)
-# Grading failures described per call; the rest are counted in the reward/status/* metrics.
-_LOGGED_FAILURES = 3
+# TimedProcessPool's call statuses -> the failure statuses of verl/workers/reward_manager/isolation.py
+_POOL_FAILURES = {"error": "exception", "timeout": "grading_timeout"}
 
 
 def last_valid_position(response_mask: torch.Tensor) -> torch.Tensor:
@@ -92,15 +96,13 @@ def mean_by_source(sources: list[str], scores: list[float]) -> dict[str, float]:
             for source in sorted(set(sources.tolist()))}
 
 
-def grading_metrics(samples: list[dict[str, Any]], scores: list[float], reward_extra_info: dict[str, list],
+def grading_metrics(samples: list[dict[str, Any]], scores: list[float], statuses: list[str],
                     seconds: float) -> dict[str, float]:
-    """Metrics of one scoring call: mean score per data source, grading seconds per sample and, when scorers report
-    a `reward_status` ("ok", "no_code", "timeout", "error", ...), the fraction of samples with each status."""
+    """Metrics of one scoring call: mean score per data source, grading seconds per sample, the fraction of samples
+    with each `reward_status` (ok, a scorer's own such as no_code, or a failure) and `reward/failed_fraction`."""
     metrics = {"timing_s/reward_per_sample": seconds / max(len(samples), 1)}
     metrics.update(mean_by_source([sample["data_source"] for sample in samples], scores))
-    statuses = [status for status in reward_extra_info.get("reward_status", []) if status is not None]
-    for status in sorted(set(statuses)):
-        metrics[f"reward/status/{status}"] = statuses.count(status) / len(samples)
+    metrics.update(status_metrics(statuses))
     return metrics
 
 
@@ -110,6 +112,8 @@ class NaiveRewardManager:
 
     `compute_score(data_source=, solution_str=, ground_truth=, extra_info=)` returns a number, or a dict with a
     "score" entry whose other entries are collected per row into `reward_extra_info` (logged by the trainer).
+    A sample whose grading raises, or gives no finite number, scores 0 (verl/workers/reward_manager/isolation.py);
+    every row gets a `reward_status` column (ok, the scorer's own status, or the failure).
     With `overlong_buffer_cfg` enabled the overlong penalty is added on the same token (and, with its `log`,
     the rows gain `overlong_reward` and `overlong`). With `num_workers` > 0 (`reward_model.reward_kwargs`) samples
     are graded in that many worker processes, each under `timeout_s`; see `score_samples`. A batch with `rm_scores`:
@@ -146,30 +150,21 @@ class NaiveRewardManager:
         self.reward_fn_key = option({"reward_fn_key": reward_fn_key}, "reward_fn_key", "data")
         self.overlong = OverlongBuffer.from_config(overlong_buffer_cfg, max_resp_len)
         self.rm_score_in_extra_info = rm_score_in_extra_info
+        self.checker = ScoreChecker()
         self.pool = None
         if num_workers:
             self.pool = TimedProcessPool(self.compute_score, num_workers=num_workers, timeout_s=timeout_s)
 
     # ------------------------------------------------------------------------------------------- hooks
-    def score_samples(self, samples: list[dict[str, Any]]) -> list[float | dict[str, Any]]:
+    def score_samples(self, samples: list[dict[str, Any]]) -> list[float | dict[str, Any] | GradingFailure]:
         """Grade decoded samples (keyword arguments of `compute_score`): one after the other, or with `num_workers`
-        in worker processes, each under `timeout_s`; there a failing sample scores 0 with `reward_status` "error"
-        or "timeout" and its reason in `reward_error`, and the rest of the batch is unaffected."""
+        in worker processes, each under `timeout_s`. A sample whose grading raises or times out gives a
+        GradingFailure in its place; the rest of the batch is unaffected."""
         if self.pool is None:
-            return [self.compute_score(**sample) for sample in samples]
-        results, failures = [], 0
-        for sample, call in zip(samples, self.pool.map(samples)):
-            if call.status == "ok":
-                results.append(call.value)
-                continue
-            failures += 1
-            if failures <= _LOGGED_FAILURES:
-                logger.warning("reward of a %s sample is 0: grading %s: %s", sample["data_source"], call.status,
-                               call.value)
-            results.append({"score": 0.0, "reward_status": call.status, "reward_error": call.value})
-        return results
+            return [call_isolated(self.compute_score, sample) for sample in samples]
+        return [call.value if call.status == "ok" else GradingFailure(_POOL_FAILURES[call.status], call.value)
+                for call in self.pool.map(samples)]
 
-    # ------------------------------------------------------------------------------------------- call
     # ------------------------------------------------------------------------------------------- call
     def decode(self, data: DataProto) -> list[dict[str, Any]]:
         """One `compute_score` keyword dict per row: data_source, solution_str, ground_truth, extra_info (with the
@@ -209,11 +204,13 @@ class NaiveRewardManager:
         response_mask = data.batch["attention_mask"][:, prompt_len:]
         # An empty response still needs its score counted by the advantage estimator: position 0.
         last = last_valid_position(response_mask)
-        rows = [result if isinstance(result, dict) else {"score": result} for result in results]
-        scores = [float(row["score"]) for row in rows]
+        rows, statuses = self.checker.check(results, [sample["data_source"] for sample in samples],
+                                            describe_function(self.compute_score))
+        scores = [row["score"] for row in rows]
         # Every extra column gets a value per row (None where a row's compute_score did not return that key).
-        keys = list(dict.fromkeys(key for row in rows for key in row if key != "score"))
+        keys = list(dict.fromkeys(key for row in rows for key in row if key not in ("score", "reward_status")))
         reward_extra_info = {key: [row.get(key) for row in rows] for key in keys}
+        reward_extra_info["reward_status"] = statuses
         if "rm_scores" in data.batch.keys():
             reward_extra_info["rm_score"] = [sample["extra_info"]["rm_score"] for sample in samples]
         reward_tensor = torch.zeros(data.batch["responses"].shape, dtype=torch.float32)
@@ -225,22 +222,28 @@ class NaiveRewardManager:
         if not return_dict:
             return reward_tensor
         return {"reward_tensor": reward_tensor, "reward_extra_info": reward_extra_info,
-                "reward_metrics": grading_metrics(samples, scores, reward_extra_info, seconds)}
+                "reward_metrics": grading_metrics(samples, scores, statuses, seconds)}
 
     def model_reward(self, data: DataProto, return_dict: bool) -> torch.Tensor | dict[str, Any]:
         """The batch's `rm_scores` as the reward, no rule graded (verl's managers do the same), plus the overlong
-        penalty when enabled; the per-row RM score in the column `rm_score`."""
-        reward_tensor = data.batch["rm_scores"].float().clone()
-        scores = reward_tensor.sum(-1).tolist()
-        reward_extra_info = {"rm_score": list(scores)}
+        penalty when enabled; the per-row RM score in the column `rm_score`. A non-finite RM score counts as a failed
+        sample (scores 0, status non_finite)."""
+        column = data.non_tensor_batch.get(self.reward_fn_key)
+        sources = column.tolist() if column is not None else ["unknown"] * len(data)
+        rows, statuses = self.checker.check(data.batch["rm_scores"].float().sum(-1).tolist(), sources,
+                                            "the reward model (reward_model.model.path)")
+        scores = [row["score"] for row in rows]
+        reward_tensor = data.batch["rm_scores"].float().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        reward_extra_info = {"rm_score": list(scores), "reward_status": statuses}
         self.add_extra_info(scores, reward_extra_info)
         if self.overlong is not None:
             response_mask = data.batch["attention_mask"][:, data.batch["prompts"].shape[-1] :]
             self.apply_overlong_penalty(response_mask, reward_tensor, reward_extra_info)
         if not return_dict:
             return reward_tensor
-        sources = data.non_tensor_batch.get(self.reward_fn_key)
-        metrics = mean_by_source(sources.tolist(), scores) if sources is not None else {}
+        metrics = status_metrics(statuses)
+        if column is not None:
+            metrics.update(mean_by_source(sources, scores))
         return {"reward_tensor": reward_tensor, "reward_extra_info": reward_extra_info, "reward_metrics": metrics}
 
     def add_extra_info(self, scores: list[float], reward_extra_info: dict[str, list]) -> None:

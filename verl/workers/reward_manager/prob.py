@@ -11,8 +11,9 @@ attaches its log-prob pass with `attach_log_prob_fn`; it is batched like the old
 (`rlpr/scoring.py`). scoreA (the debiasing term, the reference answer's probability without reasoning) comes from a
 `scoreA` column or `reward_model.scoreA` when `reward_model.use_debiasing`, else from the table that
 `prepare_with_actor` computes once with the initial weights when `reward_model.compute_scoreA_online`; a sample
-without one is an error that names it. Per-row columns: scoreB, scoreA, format, valid. Metrics: rlpr/scoreB_mean,
-rlpr/valid_fraction, rlpr/format_fraction.
+without one is an error that names it. A non-finite reward scores 0 with status non_finite (reward_manager/isolation.py).
+Per-row columns: scoreB, scoreA, format, valid, reward_status. Metrics: rlpr/scoreB_mean, rlpr/valid_fraction,
+rlpr/format_fraction, reward/status/*, reward/failed_fraction.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.config import option
+from verl.workers.reward_manager.isolation import status_metrics
 from verl.workers.reward_manager.naive import NaiveRewardManager, last_valid_position
 from verl.workers.reward_manager.registry import register_reward_manager
 from verl.workers.reward_manager.rlpr.score_a import score_a_key, score_a_table
@@ -189,13 +191,18 @@ class ProbRewardManager(NaiveRewardManager):
             reward = final_reward(self.bin(self.shape(float(b) - float(a))), f, self.format_coefficient)
             rewards.append(repetition_penalty(reward, text, self.max_repetitions) if self.repetition else reward)
 
+        # A non-finite reward (the actor's log-probs went NaN) is a failed sample: 0, status non_finite.
+        checked, statuses = self.checker.check(rewards, data.non_tensor_batch[self.reward_fn_key].tolist(),
+                                               "RLPR's probability reward (reward_model.reward_manager=prob)")
         response_mask = data.batch["attention_mask"][:, data.batch["prompts"].shape[-1] :]
         reward_tensor = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
-        reward_tensor[torch.arange(len(data)), last_valid_position(response_mask)] = torch.tensor(rewards)
+        reward_tensor[torch.arange(len(data)), last_valid_position(response_mask)] = torch.tensor(
+            [row["score"] for row in checked])
         valid = [float(row["valid"]) for row in rows]
-        extra = {"scoreB": score_b.tolist(), "scoreA": score_a.tolist(), "format": formats, "valid": valid}
+        extra = {"scoreB": score_b.tolist(), "scoreA": score_a.tolist(), "format": formats, "valid": valid,
+                 "reward_status": statuses}
         metrics = {"rlpr/scoreB_mean": float(np.mean(score_b)), "rlpr/valid_fraction": float(np.mean(valid)),
-                   "rlpr/format_fraction": float(np.mean(formats))}
+                   "rlpr/format_fraction": float(np.mean(formats)), **status_metrics(statuses)}
         if not return_dict:
             return reward_tensor
         return {"reward_tensor": reward_tensor, "reward_extra_info": extra, "reward_metrics": metrics}

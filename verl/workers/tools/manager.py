@@ -7,7 +7,7 @@ The settings follow the tool YAML of ARPO's released code::
     timeout: 120           # seconds one call may run; past it the result text says it timed out
     retry_count: 3         # attempts of a call whose failure is transient (ToolError(retryable=True))
     verbose_logging: true  # log every call and its result (default false)
-    fail_on_error: false   # a tool that cannot be loaded: skip it with a warning (false) or raise (true)
+    fail_on_error: true    # a tool that cannot be loaded: an error (true, the default) or skipped with a warning
     tool_instances:
       python: {class_path: verl.workers.tools.python_tool.PythonTool, params: {timeout_s: 10}}
       search: {class_path: verl.workers.tools.search_tool.SearchTool, params: {corpus_path: corpus.jsonl}}
@@ -16,7 +16,9 @@ given inline (a mapping or DictConfig), as the path of a YAML file with these ke
 naming such a file; inline keys win over the file's, except inline nulls and inline values equal to the shipped
 default (what the config holds for a key nobody set). The reference's class paths
 (`verl.workers.rollout.tools.python_tool.PythonTool`, `verl.workers.rollout.tools.search_tool.BingSearchTool`) load
-our classes, so its YAML files work unchanged.
+our classes, so its YAML files work unchanged. `check_tools` imports every tool class and checks its params on the
+driver before Ray starts (main_ppo), so a mistyped class_path stops the run there, or is announced there with
+fail_on_error=false.
 
 Fixes of the reference's executor: its timeout was passed to `future.result` after `as_completed` and
 never fired; here a call that runs longer than `timeout` becomes a result text and the round returns without it.
@@ -27,6 +29,7 @@ marked transient are retried and deterministic output is returned as it is.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import threading
 import time
@@ -37,7 +40,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl.utils.config import default_of
+from verl.utils.config import ConfigError, default_of
+from verl.workers.rollout.base import uses_agent_loop
 from verl.workers.tools.base import BaseTool, ToolError
 
 logger = logging.getLogger(__name__)
@@ -149,6 +153,33 @@ def import_tool_class(class_path: str) -> type[BaseTool]:
     return cls
 
 
+def _load_error(name: str, spec: Mapping, err: Exception) -> str:
+    return (f"{PREFIX}.tool_instances.{name}.class_path={spec['class_path']}: the tool could not be loaded: "
+            f"{type(err).__name__}: {err}")
+
+
+def check_tools(rollout: Any) -> None:
+    """Before Ray starts (main_ppo): when the rollout runs the agent loop, import each tool's class and bind its
+    params to its constructor (without building it). A tool that fails is a ConfigError naming it (fail_on_error,
+    the default), or with fail_on_error=false a warning on the driver: the workers will skip it."""
+    if not uses_agent_loop(rollout):
+        return
+    settings = load_tool_config(rollout.get("tools"))
+    problems = []
+    for name, spec in settings["tool_instances"].items():
+        try:
+            inspect.signature(import_tool_class(spec["class_path"])).bind(**dict(spec.get("params") or {}))
+        except Exception as err:  # ImportError, an error the tool's module raises on import, TypeError from bind
+            problems.append(_load_error(name, spec, err))
+    if problems and settings["fail_on_error"]:
+        raise ConfigError("\n".join(problems) + f"\nGive each tool an importable module.Class and the params its "
+                          f"constructor takes, or set {PREFIX}.fail_on_error=false to train without the tools that "
+                          "fail")
+    for problem in problems:
+        print(f"[tools] WARNING {problem}; {PREFIX}.fail_on_error=false: the run goes on without this tool",
+              flush=True)
+
+
 # ---------------------------------------------------------------------------------------------- the manager
 @dataclass(eq=False)
 class _Slot:
@@ -209,14 +240,12 @@ class ToolManager:
         instances, fail_on_error = settings.pop("tool_instances"), settings.pop("fail_on_error")
         tools = []
         for name, spec in instances.items():
-            where = f"{PREFIX}.tool_instances.{name}.class_path={spec['class_path']}"
             try:
                 tool = import_tool_class(spec["class_path"])(**dict(spec.get("params") or {}))
             except Exception as err:
                 if fail_on_error:
-                    raise ValueError(f"{where}: the tool could not be loaded: {type(err).__name__}: {err}") from err
-                logger.warning("%s: the tool could not be loaded, skipping it (fail_on_error=false): %s: %s",
-                               where, type(err).__name__, err)
+                    raise ValueError(_load_error(name, spec, err)) from err
+                logger.warning("%s; skipping it (fail_on_error=false)", _load_error(name, spec, err))
                 continue
             tools.append(tool)
         return cls(tools, **settings) if tools else None
