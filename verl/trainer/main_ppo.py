@@ -13,10 +13,20 @@ import sys
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.config import run_cli
-from verl.trainer.ppo.config_rules import announce_inert_keys, processes_per_rank, validate_ppo_config
+from verl.trainer.ppo.config_rules import (
+    announce_inert_keys,
+    critic_enabled,
+    processes_per_rank,
+    validate_ppo_config,
+)
+from verl.trainer.ppo.guards import TrainingStopped
 from verl.utils.config import ConfigError, resolve_device
 from verl.utils.hub import local_model_path
 from verl.utils.import_utils import ExternalLibError, import_external_libs
+from verl.utils.memory_estimate import RunFacts, check_ppo_memory
+from verl.utils.preflight import check_ppo_inputs, load_tokenizer
+from verl.utils.run_dir import check_fresh_start, clear_run_outputs, own_run_dir
+from verl.workers.tools.manager import check_tools
 
 
 def prepare_defaults(config: DictConfig) -> None:
@@ -94,7 +104,7 @@ def init_ray(config: DictConfig, device: str) -> None:
 
 def save_resolved_config(config: DictConfig) -> str:
     """Write the run's final config (every default and override resolved) to <default_local_dir>/config.yaml, the
-    record of what a run did; a resumed run rewrites it."""
+    record of what a run did; a resumed run rewrites it. Written once the workers are up."""
     out_dir = os.path.expanduser(config.trainer.default_local_dir)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "config.yaml")
@@ -106,8 +116,27 @@ def save_resolved_config(config: DictConfig) -> str:
     return path
 
 
+def check_memory(config: DictConfig, device: str) -> None:
+    """Print the per-rank memory estimate and refuse a config that cannot fit (trainer.memory_check; see
+    verl/utils/memory_estimate.py), with the facts of this run the estimate cannot read from the config."""
+    from verl.algorithms import build_actor_objective
+    from verl.trainer.ppo.ray_trainer import old_log_prob_source
+    from verl.workers.fsdp_workers import SHARED_ENGINE_MIN_PARAMETERS
+    from verl.workers.rollout.base import resolve_rollout_name
+
+    rollout = config.actor_rollout_ref.rollout
+    kv_cache_bytes = None  # vLLM's default KV cache on CPU, read only when vLLM runs there (its import sets env vars)
+    if device == "cpu" and resolve_rollout_name(rollout.name, device) == "vllm":
+        from verl.workers.rollout.vllm_rollout import CPU_KV_CACHE_BYTES as kv_cache_bytes
+    facts = RunFacts(
+        old_log_prob_pass=old_log_prob_source(config, config.data.train_batch_size * rollout.n, device) == "recompute",
+        update_needs_entropy=build_actor_objective(config.actor_rollout_ref.actor).needs_entropy,
+        shared_engine_min_parameters=SHARED_ENGINE_MIN_PARAMETERS, vllm_cpu_kv_cache_bytes=kv_cache_bytes)
+    check_ppo_memory(config, device, facts, critic=critic_enabled(config))
+
+
 def run_ppo(config: DictConfig):
-    """Validate, build everything and train. Returns the per-step metrics history."""
+    """Validate, take the run directory, build everything and train. Returns the per-step metrics history."""
     device = resolve_device(config.trainer.device)
     import_user_modules(config)  # first, so that what the user's modules register passes the checks
     resolve_model_paths(config)
@@ -115,25 +144,39 @@ def run_ppo(config: DictConfig):
     announce_inert_keys(config)
     prepare_defaults(config)
     validate_ppo_config(config)
-    save_resolved_config(config)
+    check_ppo_inputs(config)  # model directories, output directories (verl/utils/preflight.py)
+    check_tools(config.actor_rollout_ref.rollout)  # every tool's class imports and takes its params
+    check_memory(config, device)
+    # Before Ray starts or anything is written: a second run on the directory, or a start from scratch over an
+    # earlier run's output, stops here (verl/utils/run_dir.py).
+    with own_run_dir(config.trainer.default_local_dir):
+        check_fresh_start(config.trainer.default_local_dir, config.trainer.resume_mode, config.trainer.overwrite)
+        return train_ppo(config, device)
 
-    from transformers import AutoTokenizer
 
+def train_ppo(config: DictConfig, device: str):
+    """Build the tokenizer, data sets, reward managers and trainer, check the checkpoint to resume from, start Ray
+    and the workers, and train. Nothing is written into the run directory before the workers are up, so a start
+    that fails leaves an earlier run's directory as it was."""
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.reward import load_reward_manager
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     model_cfg = config.actor_rollout_ref.model
-    tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path or model_cfg.path),
-                                              trust_remote_code=model_cfg.trust_remote_code)
+    tokenizer_key = "actor_rollout_ref.model." + ("tokenizer_path" if model_cfg.tokenizer_path else "path")
+    tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, tokenizer_key, model_cfg.trust_remote_code)
     train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
     val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
     reward_fn = load_reward_manager(config, tokenizer, num_examine=config.reward_model.num_examine)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, is_eval=True)
 
-    init_ray(config, device)
     trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, device=device)
+    trainer.resume_checkpoint  # noqa: B018 - chosen and checked against its manifest now, before Ray starts
+    init_ray(config, device)
     trainer.init_workers()
+    if config.trainer.overwrite:
+        clear_run_outputs(config.trainer.default_local_dir)
+    save_resolved_config(config)
     try:
         return trainer.fit()
     finally:
@@ -141,7 +184,15 @@ def run_ppo(config: DictConfig):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli("ppo_trainer", run_ppo, argv)
+    """Exit code 0, 2 for a config or input error (before Ray starts), 1 for a run stopped by a guard
+    (verl/trainer/ppo/guards.py); both print one paragraph, and a traceback too with HYDRA_FULL_ERROR=1."""
+    try:
+        return run_cli("ppo_trainer", run_ppo, argv)
+    except TrainingStopped as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"Training stopped: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

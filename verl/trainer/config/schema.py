@@ -13,6 +13,7 @@ from typing import Any
 from verl.trainer.config.algorithm import AlgoConfig
 from verl.utils.config import need
 from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
+from verl.utils.memory_estimate import MEMORY_CHECKS
 from verl.utils.typed_config import Section, config_section
 from verl.workers.config.actor import ActorConfig, CriticConfig, ModelConfig, RefConfig
 from verl.workers.config.rollout import PPORolloutConfig
@@ -213,16 +214,21 @@ class TrainerConfig(Section):
     val_before_train: bool
     val_only: bool
     critic_warmup: int
+    max_bad_reward_fraction: float | None  # stop when more of a step's samples failed grading (null: never)
+    max_skipped_steps_in_row: int | None  # stop after this many skipped optimizer steps in a row (null: never)
     rejection_sample: bool
     enable_overlong_filter: bool
     balance_batch: bool
     resume_mode: str
     resume_from_path: str | None
     default_local_dir: str
+    overwrite: bool  # with resume_mode=disable: delete an earlier run's output in default_local_dir first
     max_actor_ckpt_to_keep: int | None
     cache_dir: str
     seed: int
     use_legacy_worker_impl: Any
+    memory_check: str  # refuse | warn | off: the per-rank memory estimate against the capacity, before Ray starts
+    memory_per_rank_gb: float | None  # null: the device's (GPU memory, or available RAM / ranks on the node)
     plugins: list[str]  # the user's modules, imported before the config check (like model.external_lib)
 
     def check(self, problems: list[str]) -> None:
@@ -230,12 +236,24 @@ class TrainerConfig(Section):
         for key in ("nnodes", "n_gpus_per_node"):
             need(getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be a positive integer", problems)
         need(self.device in DEVICES, f"{p}.device={self.device!r} must be one of {', '.join(DEVICES)}", problems)
+        need(self.memory_check in MEMORY_CHECKS, f"{p}.memory_check={self.memory_check!r} must be one of "
+             f"{', '.join(MEMORY_CHECKS)}", problems)
+        need(self.memory_per_rank_gb is None or self.memory_per_rank_gb > 0,
+             f"{p}.memory_per_rank_gb={self.memory_per_rank_gb} must be > 0 (null: the device's)", problems)
+        need(self.max_bad_reward_fraction is None or 0 <= self.max_bad_reward_fraction <= 1,
+             f"{p}.max_bad_reward_fraction={self.max_bad_reward_fraction} must be a share in [0, 1] (null: no limit)",
+             problems)
+        need(self.max_skipped_steps_in_row is None or self.max_skipped_steps_in_row >= 1,
+             f"{p}.max_skipped_steps_in_row={self.max_skipped_steps_in_row} must be >= 1 (null: no limit)", problems)
         need(self.resume_mode in RESUME_MODES, f"{p}.resume_mode={self.resume_mode!r} must be one of "
              f"{', '.join(RESUME_MODES)}", problems)
         if self.resume_mode == "resume_path":
             path = self.resume_from_path
             need(path is not None and os.path.isdir(os.path.expanduser(path)), f"{p}.resume_mode=resume_path needs "
                  f"{p}.resume_from_path to be a global_step_N directory (got {path!r})", problems)
+        need(not self.overwrite or self.resume_mode == "disable", f"{p}.overwrite=true deletes the earlier run in "
+             f"{p}.default_local_dir and starts over, which needs {p}.resume_mode=disable (here "
+             f"{self.resume_mode!r}); set both, or drop overwrite", problems)
 
 
 @config_section("ray_kwargs")

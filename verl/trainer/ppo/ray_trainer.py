@@ -7,6 +7,7 @@ prompts -> rollout -> reward -> old (and reference) log-probs -> values (with a 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import time
@@ -25,13 +26,15 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.batch_filters import build_batch_filter
 from verl.trainer.ppo.config_rules import critic_enabled, processes_per_rank
 from verl.trainer.ppo.filters import overlong_filter, truncate_to_multiple
+from verl.trainer.ppo.guards import SkippedStepGuard, check_reward_failures
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch, correction_enabled
-from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, find_latest_ckpt_path, remove_old_checkpoints
-from verl.utils.config import option
+from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, remove_old_checkpoints, select_resume_checkpoint
+from verl.utils.config import ConfigError, option
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
+from verl.utils.memory_estimate import name_out_of_memory
 from verl.utils.seqlen_balancing import balance_batch_partitions
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking, dump_generations
@@ -44,8 +47,11 @@ GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
 @contextmanager
 def _timer(name: str, timing: dict[str, float]):
+    """Adds the block's seconds to timing[name]; an out-of-memory error in the block (on the driver or in a worker)
+    becomes one naming the phase and the keys that size it."""
     start = time.perf_counter()
-    yield
+    with name_out_of_memory(name):
+        yield
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
@@ -148,6 +154,7 @@ class RayPPOTrainer:
         self.epoch = 0
         # Which generated groups a step keeps and whether it generates more (Archer, DAPO, RLPR; batch_filters.py).
         self.batch_filter = build_batch_filter(config)
+        self.skipped_step_guard = SkippedStepGuard(config)  # trainer.max_skipped_steps_in_row (guards.py)
 
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn):
         cfg = self.config
@@ -160,8 +167,8 @@ class RayPPOTrainer:
                                                   sampler=sampler, num_workers=cfg.data.dataloader_num_workers,
                                                   drop_last=True, collate_fn=collate_fn)
         if len(self.train_dataloader) == 0:
-            raise ValueError(f"the training set has {len(train_dataset)} prompts, fewer than {gen_key}="
-                             f"{gen_batch_size}: lower the batch size or add data")
+            raise ConfigError(f"data.train_files hold {len(train_dataset)} prompts, fewer than {gen_key}="
+                              f"{gen_batch_size}, so not one batch can be made: lower {gen_key} or add data")
         self.val_dataloader = None
         if val_dataset is not None:
             val_bsz = cfg.data.val_batch_size or len(val_dataset)
@@ -331,6 +338,7 @@ class RayPPOTrainer:
         with _timer("reward", timing):
             batch = self._score_with_reward_model(batch, gen_metrics)
             reward_tensor, reward_extra_info, reward_metrics = run_reward(batch, self.reward_fn)
+            check_reward_failures(reward_metrics, self.config.trainer.max_bad_reward_fraction, self.global_steps)
             for key, value in reward_metrics.items():
                 gen_metrics[key].append(value)
             batch.batch["token_level_scores"] = reward_tensor
@@ -467,7 +475,8 @@ class RayPPOTrainer:
         return os.path.abspath(os.path.expanduser(self.config.trainer.default_local_dir))
 
     def _save_checkpoint(self) -> str:
-        """Save the workers' shards and the driver's state as global_step_N, atomically; apply retention."""
+        """Save the workers' shards and the driver's state as global_step_N, atomically and with its manifest;
+        apply retention."""
         root = self.checkpoint_root
         with atomic_step_dir(root, self.global_steps) as tmp:
             self.actor_rollout_wg.save_checkpoint(os.path.join(tmp, "actor"), global_step=self.global_steps)
@@ -479,27 +488,25 @@ class RayPPOTrainer:
                 driver_state["kl_ctrl_value"] = self.kl_ctrl_in_reward.value
             driver_state["batch_filter"] = self.batch_filter.state_dict()
             torch.save(driver_state, os.path.join(tmp, "data.pt"))
-        remove_old_checkpoints(root, self.config.trainer.max_actor_ckpt_to_keep)
+        remove_old_checkpoints(root, self.config.trainer.max_actor_ckpt_to_keep, current_step=self.global_steps)
         return os.path.join(root, f"global_step_{self.global_steps}")
 
+    @functools.cached_property
+    def resume_checkpoint(self) -> str | None:
+        """The step directory this run resumes from per `trainer.resume_mode` (None: from scratch), its files checked
+        against its manifest; `auto` falls back past damaged checkpoints. Chosen once: main_ppo asks before Ray
+        starts, so a damaged `resume_from_path` stops the run there."""
+        cfg = self.config.trainer
+        return select_resume_checkpoint(self.checkpoint_root, cfg.resume_mode,
+                                        cfg.resume_from_path if cfg.resume_mode == "resume_path" else None,
+                                        roles=["actor", "critic"] if self.use_critic else ["actor"])
+
     def _load_checkpoint(self) -> None:
-        """Resume per `trainer.resume_mode`: auto (the newest complete checkpoint, if any), resume_path, disable."""
-        trainer_cfg = self.config.trainer
-        if trainer_cfg.resume_mode == "disable":
+        """Restore the workers' and the driver's state from `resume_checkpoint` (a checkpoint saved by another number
+        of ranks is re-sharded by the workers)."""
+        path = self.resume_checkpoint
+        if path is None:
             return
-        if trainer_cfg.resume_mode == "auto":
-            path = find_latest_ckpt_path(self.checkpoint_root)
-            if path is None:
-                print(f"[checkpoint] no checkpoint in {self.checkpoint_root}: training from scratch")
-                return
-        else:
-            path = os.path.abspath(os.path.expanduser(trainer_cfg.resume_from_path))
-        roles = ["actor", "critic"] if self.use_critic else ["actor"]
-        missing = [p for p in ["data.pt"] + [os.path.join(role, "fsdp_config.json") for role in roles]
-                   if not os.path.exists(os.path.join(path, p))]
-        if missing:
-            raise FileNotFoundError(f"cannot resume from {path} (trainer.resume_mode={trainer_cfg.resume_mode}): "
-                                    f"missing {missing}; point trainer.resume_from_path at a global_step_N directory")
         print(f"[checkpoint] resuming from {path}")
         self.actor_rollout_wg.load_checkpoint(os.path.join(path, "actor"))
         if self.use_critic:
@@ -568,6 +575,7 @@ class RayPPOTrainer:
                 print(f"[trainer] step {self.global_steps}: every group was filtered out; no update")
             logger.log(metrics, step=self.global_steps)
             history.append(metrics)
+            self.skipped_step_guard.check(metrics, self.global_steps)
             # Saved after logging, so a resumed run never lacks the metrics of a step it will not redo.
             if cfg.trainer.save_freq > 0 and (last_step or self.global_steps % cfg.trainer.save_freq == 0):
                 self._save_checkpoint()
