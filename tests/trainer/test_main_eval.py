@@ -62,7 +62,7 @@ def test_a_program_that_hangs_costs_only_its_own_score(tmp_path):
         f"data.path={data}", "num_workers=2", "reward_model.code_execution.per_test_timeout_s=1",
         "reward_model.code_execution.total_timeout_s=3"]))
     assert metrics["livecodebench"]["avg@2"] == 0.5
-    assert metrics["grading_status"] == {"ok": 0.5, "timeout": 0.5}
+    assert metrics["grading_status"] == {"ok": 0.5, "timeout": 0.5}  # the code scorer's own status
     assert (tmp_path / "gen.metrics.json").exists()  # next to the data when no output_path is set
 
 
@@ -77,7 +77,7 @@ def test_grading_in_process_and_a_custom_scorer(tmp_path):
                                                   f"custom_reward_function.path={reward}",
                                                   "custom_reward_function.name=by_length"]))
     assert metrics["toy"]["avg@2"] == 0.5 and metrics["toy"]["pass@2"] == 1.0
-    assert metrics["grading_status"] == {"scored": 1.0}
+    assert metrics["grading_status"] == {"ok": 1.0}
 
 
 @pytest.mark.parametrize(("rows", "overrides", "message"), [
@@ -212,3 +212,20 @@ def test_a_row_without_a_question_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"row 0: the judge needs the question, but there is no extra_info.question"):
         run_eval(load_config("evaluation", [f"data.path={data}", "num_workers=0", "judge.enable=true",
                                             "judge.base_url=http://127.0.0.1:9/v1", "judge.model=j"]))
+
+
+def test_a_scorer_that_fails_costs_only_the_failed_responses(tmp_path, capsys):
+    """A string, a NaN and an exception each score 0 with their status, as the reward managers do in training."""
+    reward = tmp_path / "reward.py"
+    reward.write_text("def picky(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return {'a': 1.0, 'b': 'wrong', 'c': float('nan')}.get(solution_str) or 1 / 0\n")
+    rows = [{"data_source": "toy", "reward_model": {"ground_truth": ""}, "responses": ["a", "b", "c", "d"]}]
+    data = tmp_path / "toy.parquet"
+    pd.DataFrame(rows).to_parquet(data)
+    metrics = run_eval(load_config("evaluation", [f"data.path={data}", "num_workers=0",
+                                                  f"custom_reward_function.path={reward}",
+                                                  "custom_reward_function.name=picky"]))
+    assert metrics["toy"]["avg@4"] == 0.25
+    assert metrics["grading_status"] == {"ok": 0.25, "not_a_number": 0.25, "non_finite": 0.25, "exception": 0.25}
+    out = capsys.readouterr().out
+    assert "picky" in out and "ZeroDivisionError" in out and "returned 'wrong' (str)" in out

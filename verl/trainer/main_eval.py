@@ -5,7 +5,8 @@ main_generation writes); every response is graded by the scorer of the row's dat
 `custom_reward_function`) in `num_workers` worker processes, each under `timeout_s`, so code problems are graded in
 parallel and a grader that hangs costs one response its score, not the run. Reported, as main_generation does:
 avg@N and pass@k per data source (`verl/trainer/ppo/eval_metrics.py`), printed and written as JSON, plus the share of
-responses per grading status (`reward_status` of the code scorer: ok, wrong_answer, timeout, no_code_block, ...).
+responses per grading status (ok, a scorer's own `reward_status` such as wrong_answer or no_code_block, or a failure: exception,
+not_a_number, non_finite, grading_timeout).
 
 With `judge.enable=true` an LLM judge on an OpenAI-compatible server grades every response as well (ARPO's
 `llm_equal`; verl/utils/reward_score/llm_judge.py): the question (each row's `extra_info.question`, else the last
@@ -48,8 +49,8 @@ from verl.utils.reward_score.deep_research import ground_truth_list
 from verl.utils.reward_score.llm_judge import JudgeItem, LLMJudge, Verdict
 from verl.utils.timed_pool import TimedProcessPool
 from verl.utils.typed_config import build_section, check_config_types
+from verl.workers.reward_manager.isolation import ScoreChecker, call_isolated, describe_function, from_pool
 
-STATUS_KEY = "reward_status"
 STATUS_TABLES = ("grading_status", "judge_status")  # share of responses per status, not per data source
 
 
@@ -110,13 +111,15 @@ def grading_calls(config: DictConfig, rows: list[dict], responses: list[list[str
 
 
 def grade(config: DictConfig, calls: list[dict[str, Any]]) -> tuple[list[float], list[str]]:
-    """(score, status) of every call, graded in worker processes; a failed or timed-out grading scores 0."""
+    """(score, status) of every call, graded in worker processes. A grading that raises, times out or gives no
+    finite number scores 0 with its failure status, the first of each kind printed (as in training:
+    verl/workers/reward_manager/isolation.py); a scorer's own status (`reward_status`) is kept, else "ok"."""
     compute_score = get_custom_reward_fn(config) or default_score_fn(config, is_eval=True)
     num_workers = config.num_workers if config.num_workers is not None else min(8, os.cpu_count() or 1)
     timeout_s = config.timeout_s if config.timeout_s is not None else grading_timeout_s(config)
 
     if num_workers == 0:
-        results = [("ok", compute_score(**call)) for call in tqdm(calls, desc="grading", unit="response")]
+        results = [call_isolated(compute_score, call) for call in tqdm(calls, desc="grading", unit="response")]
     else:
         pool = TimedProcessPool(compute_score, num_workers=num_workers, timeout_s=timeout_s)
         try:
@@ -125,23 +128,14 @@ def grade(config: DictConfig, calls: list[dict[str, Any]]) -> tuple[list[float],
             with tqdm(total=len(calls), desc=f"grading ({num_workers} workers)", unit="response") as bar:
                 for start in range(0, len(calls), chunk):
                     batch = pool.map(calls[start : start + chunk])
-                    results.extend((r.status, r.value) for r in batch)
+                    results.extend(from_pool(batch))
                     bar.update(len(batch))
         finally:
             pool.close()
 
-    scores, statuses = [], []
-    for status, value in results:
-        if status != "ok":
-            scores.append(0.0)
-            statuses.append(status)
-        elif isinstance(value, dict):
-            scores.append(float(value["score"]))
-            statuses.append(str(value.get(STATUS_KEY) or "scored"))
-        else:
-            scores.append(float(value))
-            statuses.append("scored")
-    return scores, statuses
+    checker = ScoreChecker(consequence="its grading_status is reported with the metrics.")
+    rows, statuses = checker.check(results, [call["data_source"] for call in calls], describe_function(compute_score))
+    return [row["score"] for row in rows], statuses
 
 
 def question_of(row: dict, data: DictConfig, index: int) -> str:

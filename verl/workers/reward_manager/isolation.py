@@ -96,8 +96,9 @@ class ScoreChecker:
     """Checks a manager's per-sample results and prints the first failure of each status and grader (once per
     checker, i.e. per manager: the training and the validation manager each print theirs)."""
 
-    def __init__(self):
+    def __init__(self, consequence: str = "trainer.max_bad_reward_fraction stops the run when too many fail."):
         self.reported: set[tuple[str, str]] = set()
+        self.consequence = consequence
 
     def check(self, results: list[Any], sources: list[str], grader: str) -> tuple[list[dict[str, Any]], list[str]]:
         """`results` (numbers, dicts with "score", or GradingFailures; one per sample) -> (one row per sample with a
@@ -125,10 +126,20 @@ class ScoreChecker:
         print(
             f"[reward] {grader} failed on a sample of data source {source!r} (row {row} of the batch): "
             f"{failure.reason}. The sample scores 0 and the run goes on; further samples failing this way are "
-            f"counted in the metric reward/status/{failure.status} (only the first is printed); "
-            "trainer.max_bad_reward_fraction stops the run when too many fail.",
+            f"counted in the metric reward/status/{failure.status} (only the first is printed); {self.consequence}",
             flush=True,
         )
+
+
+# TimedProcessPool's call statuses -> the failure statuses above
+_POOL_FAILURES = {"error": "exception", "timeout": "grading_timeout"}
+
+
+def from_pool(calls: list[Any]) -> list[Any]:
+    """TimedProcessPool results (verl/utils/timed_pool.py) -> the value of each call, or a GradingFailure where it
+    raised or ran out of time."""
+    return [call.value if call.status == "ok" else GradingFailure(_POOL_FAILURES[call.status], call.value)
+            for call in calls]
 
 
 def status_metrics(statuses: list[str]) -> dict[str, float]:

@@ -31,6 +31,7 @@ from verl.workers.reward_manager.isolation import (
     ScoreChecker,
     call_isolated,
     describe_function,
+    from_pool,
     status_metrics,
 )
 from verl.workers.reward_manager.registry import register_reward_manager
@@ -38,8 +39,6 @@ from verl.workers.reward_manager.registry import register_reward_manager
 OVERLONG = "reward_model.overlong_buffer"
 # Seconds one sample's grading may take in a worker process when the config sets no code-execution limits.
 GRADING_TIMEOUT_S = 30.0
-# TimedProcessPool's call statuses -> the failure statuses of verl/workers/reward_manager/isolation.py
-_POOL_FAILURES = {"error": "exception", "timeout": "grading_timeout"}
 
 
 def last_valid_position(response_mask: torch.Tensor) -> torch.Tensor:
@@ -162,8 +161,7 @@ class NaiveRewardManager:
         GradingFailure in its place; the rest of the batch is unaffected."""
         if self.pool is None:
             return [call_isolated(self.compute_score, sample) for sample in samples]
-        return [call.value if call.status == "ok" else GradingFailure(_POOL_FAILURES[call.status], call.value)
-                for call in self.pool.map(samples)]
+        return from_pool(self.pool.map(samples))
 
     # ------------------------------------------------------------------------------------------- call
     def decode(self, data: DataProto) -> list[dict[str, Any]]:
