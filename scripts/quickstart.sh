@@ -102,7 +102,7 @@ python -m verl.trainer.main_ppo \
   actor_rollout_ref.model.enable_gradient_checkpointing=false \
   trainer.device=cpu trainer.n_gpus_per_node=2 trainer.seed="$seed" \
   trainer.total_training_steps="$rl_steps" trainer.save_freq="$rl_steps" trainer.test_freq=$(((rl_steps + 3) / 4)) \
-  trainer.val_before_train=false trainer.resume_mode=disable \
+  trainer.val_before_train=false trainer.resume_mode=disable trainer.overwrite=true \
   trainer.project_name=quickstart trainer.experiment_name=grpo trainer.default_local_dir="$out/rl" \
   "$@"
 
