@@ -150,6 +150,14 @@ _BUILTIN_ROLLOUT_MODULES = {
 }
 
 
+def params_per_prompt(params: SamplingParams | list[SamplingParams], n_prompts: int) -> list[SamplingParams]:
+    """An engine's `generate` params as one SamplingParams per prompt (one shared, or a list of exactly n_prompts)."""
+    per_prompt = params if isinstance(params, list) else [params] * n_prompts
+    if len(per_prompt) != n_prompts:
+        raise ValueError(f"{len(per_prompt)} sampling params for {n_prompts} prompts")
+    return per_prompt
+
+
 def register_rollout(name: str):
     """Class decorator: make an engine selectable with `actor_rollout_ref.rollout.name=<name>`."""
 

@@ -37,6 +37,7 @@ from verl.workers.rollout.base import (
     RolloutEngine,
     SamplingParams,
     config_value,
+    params_per_prompt,
     register_rollout,
 )
 
@@ -132,9 +133,7 @@ class HFRollout(RolloutEngine):
         for i, ids in enumerate(prompt_token_ids):
             if len(ids) == 0:
                 raise ValueError(f"prompt {i} is empty; HFRollout needs at least one prompt token")
-        per_prompt = params if isinstance(params, list) else [params] * len(prompt_token_ids)
-        if len(per_prompt) != len(prompt_token_ids):
-            raise ValueError(f"{len(per_prompt)} sampling params for {len(prompt_token_ids)} prompts")
+        per_prompt = params_per_prompt(params, len(prompt_token_ids))
         shared = per_prompt[0] if per_prompt else params
         if any(replace(p, max_tokens=shared.max_tokens) != shared for p in per_prompt):
             raise ValueError("HFRollout.generate: per-prompt sampling params may differ only in max_tokens")

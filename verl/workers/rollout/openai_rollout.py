@@ -28,7 +28,14 @@ from typing import Any
 import torch
 
 from verl.utils.openai_endpoint import Endpoint, EndpointConfig, EndpointError, map_concurrently
-from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, config_value, register_rollout
+from verl.workers.rollout.base import (
+    CompletionOutput,
+    RolloutEngine,
+    SamplingParams,
+    config_value,
+    params_per_prompt,
+    register_rollout,
+)
 
 _NOT_TRAINABLE = (
     "rollout.name=openai generates with a model served elsewhere and cannot receive the actor's weights; "
@@ -76,9 +83,7 @@ class OpenAIRollout(RolloutEngine):
         self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams]
     ) -> list[list[CompletionOutput]]:
         """See `RolloutEngine.generate`: one request per prompt (its `n` completions in one reply), concurrently."""
-        per_prompt = params if isinstance(params, list) else [params] * len(prompt_token_ids)
-        if len(per_prompt) != len(prompt_token_ids):
-            raise ValueError(f"{len(per_prompt)} sampling params for {len(prompt_token_ids)} prompts")
+        per_prompt = params_per_prompt(params, len(prompt_token_ids))
         if any(p.logprobs for p in per_prompt):
             raise ValueError(
                 "rollout.name=openai returns no log-probs, and ARPO/AEPO branching needs the entropy of every segment "

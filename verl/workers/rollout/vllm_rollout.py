@@ -49,6 +49,7 @@ from verl.workers.rollout.base import (
     RolloutEngine,
     SamplingParams,
     config_value,
+    params_per_prompt,
     register_rollout,
 )
 
@@ -310,9 +311,7 @@ class VLLMRollout(RolloutEngine):
         self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams]
     ) -> list[list[CompletionOutput]]:
         """See `RolloutEngine.generate`. Per-prompt params may differ in anything."""
-        per_prompt = params if isinstance(params, list) else [params] * len(prompt_token_ids)
-        if len(per_prompt) != len(prompt_token_ids):
-            raise ValueError(f"{len(per_prompt)} sampling params for {len(prompt_token_ids)} prompts")
+        per_prompt = params_per_prompt(params, len(prompt_token_ids))
         for i, ids in enumerate(prompt_token_ids):
             if len(ids) == 0:
                 raise ValueError(f"prompt {i} is empty; the vLLM engine needs at least one prompt token")
