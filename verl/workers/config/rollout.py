@@ -129,9 +129,6 @@ class RolloutConfig(BranchingConfig):
         engines = known_rollout_names()
         need(self.name in engines, f"{p}.name={self.name!r} must be one of {', '.join(engines)} (an engine of your "
              "own is selectable once actor_rollout_ref.model.external_lib has imported its module)", problems)
-        need(self.name != "openai", f"{p}.name=openai sends requests to a served model, which serves evaluation "
-             "(python -m verl.trainer.main_generation); training needs the engine to take the actor's new weights "
-             "and give log-probs: use hf or vllm", problems)
         need(self.mode in ROLLOUT_MODES, f"{p}.mode={self.mode!r} must be sync or sync_with_tool", problems)
         need(self.temperature >= 0, f"{p}.temperature={self.temperature} must be >= 0 (0 means greedy)", problems)
         need(0 < self.top_p <= 1, f"{p}.top_p={self.top_p} must be in (0, 1]", problems)
@@ -173,6 +170,9 @@ class PPORolloutConfig(RolloutConfig):
         super().check(problems)
         p = self.__config_prefix__
         need(self.n >= 1, f"{p}.n={self.n} must be a positive integer", problems)
+        need(self.name != "openai", f"{p}.name=openai sends requests to a served model, which serves evaluation "
+             "(python -m verl.trainer.main_generation); training needs the engine to take the actor's new weights "
+             "and give log-probs: use hf or vllm", problems)
         need(self.initial_rollouts is None or self.initial_rollouts <= self.n or self.beam_size == 1,
              f"{p}.initial_rollouts={self.initial_rollouts} must be between 1 and rollout.n={self.n}", problems)
         need(self.log_prob_micro_batch_size_per_gpu is None or self.log_prob_micro_batch_size_per_gpu >= 1,
