@@ -289,3 +289,12 @@ def test_sleep_frees_the_weights_that_the_next_push_brings_back(model):
     kept = HFRollout(copy.deepcopy(model), TagTokenizer())  # without weights_follow nothing is freed
     kept.sleep()
     assert not kept.weights_released and greedy_tokens(kept) == reference
+
+
+def test_diverged_weights_are_named_when_sampling(model):
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.lm_head.weight.fill_(float("nan"))
+    engine = HFRollout(broken, TagTokenizer())
+    with pytest.raises(FloatingPointError, match="weights have diverged.*actor_rollout_ref.actor.optim.lr"):
+        engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=4))
