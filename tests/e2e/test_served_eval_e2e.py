@@ -117,3 +117,39 @@ def test_the_responses_went_through_the_tool_loop_on_the_server(evaluation):
                     assert int(result) == int(a) * int(b)  # the sandboxed python tool's output, appended
                     calls += 1
         assert calls > 0
+
+
+def test_search_summaries_come_from_the_served_model_and_are_cached(served, tmp_path):
+    """The search tool's page summaries with the served tiny model as the summariser: a page on a local HTTP server
+    is fetched and its text reaches the model (vLLM's chat endpoint answers), and asking again is served from the
+    cache: no page fetch and no request to the server."""
+    import functools
+    import http.server
+    import threading
+
+    from verl.workers.tools.search_tool import SearchTool
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "ostmar.html").write_text("<html><body><p>Ostmar is the capital of Veltria.</p></body></html>")
+    fetched = []
+
+    class Pages(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            fetched.append(self.path)
+
+    handler = functools.partial(Pages, directory=str(tmp_path / "site"))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as site:
+        threading.Thread(target=site.serve_forever, daemon=True).start()
+        corpus = tmp_path / "corpus.jsonl"
+        page_url = f"http://127.0.0.1:{site.server_address[1]}/ostmar.html"
+        corpus.write_text(json.dumps({"title": "Ostmar", "text": "Ostmar is a city.", "url": page_url}) + "\n")
+        params = dict(corpus_path=str(corpus), cache_file=str(tmp_path / "cache.json"), summary_pages=1,
+                      summary_max_tokens=16, summary={"base_url": served.url, "model": served.model})
+        first = SearchTool(**params).execute("Ostmar city")
+        assert fetched == ["/ostmar.html"]
+        assert first.strip()
+        cached = SearchTool(**params).execute("Ostmar city")
+        site.shutdown()
+    assert cached == first and fetched == ["/ostmar.html"]
+    with open(tmp_path / "cache.json") as f:
+        assert first in json.load(f).values()
