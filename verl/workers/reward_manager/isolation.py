@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 FAILURE_STATUSES = ("exception", "not_a_number", "non_finite", "grading_timeout")
 FAILED_FRACTION = "reward/failed_fraction"
@@ -123,11 +124,10 @@ class ScoreChecker:
         if (grader, failure.status) in self.reported:
             return
         self.reported.add((grader, failure.status))
-        print(
+        tqdm.write(  # above the trainer's progress bar, not on its line
             f"[reward] {grader} failed on a sample of data source {source!r} (row {row} of the batch): "
             f"{failure.reason}. The sample scores 0 and the run goes on; further samples failing this way are "
-            f"counted in the metric reward/status/{failure.status} (only the first is printed); {self.consequence}",
-            flush=True,
+            f"counted in the metric reward/status/{failure.status} (only the first is printed); {self.consequence}"
         )
 
 
