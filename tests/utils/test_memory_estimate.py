@@ -206,11 +206,13 @@ def test_a_config_that_cannot_fit_is_refused_naming_the_key_and_a_value_that_fit
     assert check_ppo_memory(config, "cpu", ON_POLICY, shapes={"actor": WIDE}) is None
 
 
-def test_main_ppo_refuses_before_ray_with_exit_code_2(tiny_model_dir, arithmetic_data_dir, tmp_path, capsys):
-    import ray
-
+def test_main_ppo_refuses_before_ray_with_exit_code_2(tiny_model_dir, arithmetic_data_dir, tmp_path, capsys,
+                                                      monkeypatch):
+    from verl.trainer import main_ppo
     from verl.trainer.main_ppo import main
 
+    ray_started = []  # ray.is_initialized() would also see another test's Ray session in this xdist worker
+    monkeypatch.setattr(main_ppo, "init_ray", lambda *args, **kwargs: ray_started.append(True))
     run_dir = tmp_path / "run"
     code = main(
         [
@@ -226,7 +228,7 @@ def test_main_ppo_refuses_before_ray_with_exit_code_2(tiny_model_dir, arithmetic
     err = capsys.readouterr().err
     assert code == 2 and "Config error: the run needs about" in err
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=" in err
-    assert not ray.is_initialized() and not run_dir.exists()
+    assert not ray_started and not run_dir.exists()
 
 
 def test_the_default_config_fits_this_machine(tiny_model_dir, capsys):
