@@ -4,6 +4,7 @@ the measured peak of the real worker is in tests/e2e/test_memory_estimate_e2e.py
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -110,17 +111,7 @@ def test_checkpointing_keeps_layer_inputs_and_one_recomputed_layer():
 
 def test_kl_critic_and_offload_add_their_parts():
     config = small_config("algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true")
-    critic = ModelShape(
-        parameters=700,
-        trainable=700,
-        layer_parameters=300,
-        layers=2,
-        hidden=8,
-        intermediate=16,
-        heads=2,
-        kv_dim=4,
-        vocab=0,
-    )
+    critic = dataclasses.replace(SMALL, parameters=700, trainable=700, vocab=0)  # no LM head, a 1-wide value head
     estimate = estimate_ppo_memory(config, "cpu", {"actor": SMALL, "critic": critic}, FACTS)
     resident = estimate.phases["update_critic"]
     assert resident["ref weights"] == 2000 and resident["critic weights"] == 1400
