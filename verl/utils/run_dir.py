@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 from filelock import FileLock, Timeout
 
-from verl.utils.checkpoint.checkpoint_manager import LATEST_FILE, TMP_PREFIX, step_dirs
+from verl.utils.checkpoint.checkpoint_manager import LATEST_FILE, TMP_PREFIX, step_dirs, write_atomic
 from verl.utils.config import ConfigError
 from verl.utils.tracking import METRICS_FILE
 
@@ -92,10 +92,7 @@ def own_run_dir(path: str):
             "start_time": time.time(),
             "command": " ".join(sys.argv),
         }
-        tmp = os.path.join(path, f"{OWNER_FILE}.tmp-{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump(owner, f, indent=1)
-        os.replace(tmp, os.path.join(path, OWNER_FILE))
+        write_atomic(os.path.join(path, OWNER_FILE), json.dumps(owner, indent=1))
         yield path
     finally:
         try:

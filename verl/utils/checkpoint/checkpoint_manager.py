@@ -46,7 +46,8 @@ def _fsync_tree(path: str) -> None:
                 os.fsync(f.fileno())
 
 
-def _write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str) -> None:
+    """Write `text` to `path` so that a reader sees the old file or the whole new one, never a part."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
         f.write(text)
@@ -134,7 +135,7 @@ def write_manifest(step_dir: str, step: int) -> dict:
             rel: {"size": os.path.getsize(os.path.join(step_dir, rel)), "sha256": checksums[rel]} for rel in relpaths
         },
     }
-    _write_atomic(os.path.join(step_dir, MANIFEST_FILE), json.dumps(manifest, indent=1))
+    write_atomic(os.path.join(step_dir, MANIFEST_FILE), json.dumps(manifest, indent=1))
     return manifest
 
 
@@ -233,7 +234,7 @@ def atomic_step_dir(root: str, step: int):
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    _write_atomic(os.path.join(root, LATEST_FILE), str(step))
+    write_atomic(os.path.join(root, LATEST_FILE), str(step))
 
 
 def remove_old_checkpoints(root: str, keep: int | None, current_step: int | None = None) -> list[str]:
