@@ -216,12 +216,15 @@ class HFRollout(RolloutEngine):
         else:
             logits = logits / params.temperature
             probs = F.softmax(top_k_top_p_filter(logits, params.top_k, params.top_p), dim=-1)
-            if probs.isnan().any():  # torch.multinomial's own error names neither the cause nor the fix
+            try:
+                tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            except RuntimeError as err:  # its message names neither the cause nor the fix; checked only on failure
+                if not probs.isnan().any():
+                    raise
                 raise FloatingPointError(
                     "the rollout model's next-token logits are NaN or inf, so no token can be sampled: its weights "
                     "have diverged. Look at the steps before (actor/grad_norm, actor/skipped_steps, actor/pg_loss) "
-                    "and lower actor_rollout_ref.actor.optim.lr or set actor_rollout_ref.actor.grad_clip")
-            tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+                    "and lower actor_rollout_ref.actor.optim.lr or set actor_rollout_ref.actor.grad_clip") from err
         top = None
         if params.logprobs:
             top = torch.topk(logits.log_softmax(dim=-1), min(params.logprobs, logits.shape[-1]), dim=-1)
