@@ -1,8 +1,11 @@
 """fsdp_utils helpers that need no process group."""
 
+import math
+
+import pytest
 import torch
 
-from verl.utils.fsdp_utils import move_optimizer_state
+from verl.utils.fsdp_utils import count_skipped_steps, move_optimizer_state
 
 
 def test_every_optimizer_state_tensor_moves_to_the_device():
@@ -24,3 +27,11 @@ def test_moving_to_the_same_device_keeps_the_values():
     before = {k: v.clone() for k, v in optimizer.state[model.weight].items()}
     move_optimizer_state(optimizer, "cpu")
     assert all(torch.equal(before[k], v) for k, v in optimizer.state[model.weight].items())
+
+
+@pytest.mark.parametrize(("norms", "in_row", "expected"), [
+    ([1.0, 2.0], 5, (0, 0)), ([math.nan, 1.0], 2, (1, 0)), ([1.0, math.inf, math.nan], 0, (2, 2)),
+    ([math.nan, math.nan], 3, (2, 5)), ([], 4, (0, 4)),
+])
+def test_count_skipped_steps(norms, in_row, expected):
+    assert count_skipped_steps(norms, in_row) == expected

@@ -95,3 +95,17 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device: str | torch.d
         for key, value in state.items():
             if torch.is_tensor(value):
                 state[key] = value.to(device, non_blocking=True)
+
+
+def count_skipped_steps(grad_norms: list[float], in_row: int) -> tuple[int, int]:
+    """(how many of an update's optimizer steps were skipped, the run of skipped steps ending at its last one).
+
+    `grad_norms` are the update's norms in order; `clip_grad_and_step` skips a step whose norm is not finite. A run
+    reaching back to the start of the update continues `in_row`, the run the previous update ended with.
+    """
+    skipped = 0
+    for norm in grad_norms:
+        finite = math.isfinite(norm)
+        skipped += not finite
+        in_row = 0 if finite else in_row + 1
+    return skipped, in_row

@@ -13,7 +13,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.protocol import DataProto
 from verl.utils.torch_functional import logprobs_from_logits
-from verl.workers.actor.dp_actor import DataParallelPPOActor, count_skipped_steps
+from verl.workers.actor.dp_actor import DataParallelPPOActor
 
 PROMPT, RESPONSE, VOCAB = 5, 6, 50
 
@@ -137,14 +137,6 @@ def test_skipped_steps_are_counted_in_a_row_across_updates():
     data.batch["advantages"] = torch.nan_to_num(data.batch["advantages"])
     third = actor.update_policy(data)
     assert third["actor/skipped_steps"] == [0.0] and third["actor/skipped_steps_in_row"] == [0.0]
-
-
-@pytest.mark.parametrize(("norms", "in_row", "expected"), [
-    ([1.0, 2.0], 5, (0, 0)), ([math.nan, 1.0], 2, (1, 0)), ([1.0, math.inf, math.nan], 0, (2, 2)),
-    ([math.nan, math.nan], 3, (2, 5)), ([], 4, (0, 4)),
-])
-def test_count_skipped_steps(norms, in_row, expected):
-    assert count_skipped_steps(norms, in_row) == expected
 
 
 def _spy_on_loss(monkeypatch):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 from collections import defaultdict
 
 import torch
@@ -21,7 +20,7 @@ from verl.algorithms.kl import kl_penalty
 from verl.algorithms.primitives import compute_entropy_loss
 from verl.protocol import DataProto
 from verl.utils.config import option
-from verl.utils.fsdp_utils import clip_grad_and_step, reshard_all
+from verl.utils.fsdp_utils import clip_grad_and_step, count_skipped_steps, reshard_all
 from verl.utils.packing import (
     cut_shared_left_padding,
     pack_rows,
@@ -38,20 +37,6 @@ ACTOR = "actor_rollout_ref.actor"
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 # Positions per chunk with entropy_from_logits_with_chunking (verl's chunk: 2048 tokens).
 LOGITS_CHUNK = 2048
-
-
-def count_skipped_steps(grad_norms: list[float], in_row: int) -> tuple[int, int]:
-    """(how many of an update's optimizer steps were skipped, the run of skipped steps ending at its last one).
-
-    `grad_norms` are the update's norms in order; `clip_grad_and_step` skips a step whose norm is not finite. A run
-    reaching back to the start of the update continues `in_row`, the run the previous update ended with.
-    """
-    skipped = 0
-    for norm in grad_norms:
-        finite = math.isfinite(norm)
-        skipped += not finite
-        in_row = 0 if finite else in_row + 1
-    return skipped, in_row
 
 
 @contextlib.contextmanager

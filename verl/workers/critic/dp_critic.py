@@ -15,7 +15,7 @@ import torch
 from verl.algorithms.critic_loss import compute_value_loss
 from verl.protocol import DataProto
 from verl.utils.config import option
-from verl.utils.fsdp_utils import clip_grad_and_step, reshard_all
+from verl.utils.fsdp_utils import clip_grad_and_step, count_skipped_steps, reshard_all
 from verl.utils.packing import (
     cut_shared_left_padding,
     pack_rows,
@@ -25,7 +25,6 @@ from verl.utils.packing import (
 )
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor.dp_actor import count_skipped_steps
 from verl.workers.ppo_batches import ppo_mini_batches
 
 CRITIC = "critic"
