@@ -5,7 +5,7 @@ the merger (and people) can read them without torch.distributed; they become DTe
 
 A checkpoint saved by N ranks loads on M != N ranks by re-sharding: every rank reads the N files (memory-mapped),
 rebuilds each full tensor the way the merger does (`merge_tensor`: the ranks' pieces concatenated along the shard
-dim, in rank order) and keeps the part FSDP2 gives it on the new mesh (`distribute_tensor`, computed locally). The
+dim, in rank order) and keeps the part FSDP2 gives it on the new mesh (its torch.chunk, computed locally). The
 optimizer's per-parameter tensors (Adam's exp_avg, exp_avg_sq) are sharded like their parameter and re-sharded the
 same way; its scalars, the param groups and the lr scheduler are the same on every rank and come from rank 0. Rank
 r < N takes rank r's saved RNG states; ranks r >= N keep the streams they were seeded with (seed + rank).
@@ -20,7 +20,7 @@ import random
 
 import numpy as np
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from verl.utils.checkpoint.checkpoint_manager import CheckpointError
 
@@ -79,10 +79,15 @@ def _like(local: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
 def _resharded(full: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """The part of the full tensor `full` this rank holds when laid out like `reference` (FSDP2's chunk of it)."""
     if isinstance(reference, DTensor):
-        # src_data_rank=None: every rank has the full tensor and cuts its own piece, no communication; the clone
-        # lets the full tensor go.
-        piece = distribute_tensor(full, reference.device_mesh, reference.placements, src_data_rank=None)
-        return _like(piece.to_local().clone(), reference)
+        # Every rank has the full tensor and cuts its own piece, no communication (DTensor's Shard(d) is torch.chunk
+        # along d, indexed by the rank's mesh coordinate); the clone lets the full tensor go.
+        piece = full
+        for mesh_dim, placement in enumerate(reference.placements):
+            if isinstance(placement, Shard):
+                chunks = piece.chunk(reference.device_mesh.size(mesh_dim), dim=placement.dim)
+                index = reference.device_mesh.get_coordinate()[mesh_dim]
+                piece = chunks[index] if index < len(chunks) else piece.narrow(placement.dim, 0, 0)
+        return _like(piece.clone(), reference)
     return full.to(reference.device, reference.dtype)
 
 
