@@ -3,6 +3,7 @@
 import os
 
 from verl.trainer.config import load_config
+from verl.trainer.main_ppo import plan_ppo_run
 from verl.trainer.ppo.config_rules import validate_ppo_config
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.reward import load_reward_manager
@@ -44,7 +45,8 @@ def build_trainer(overrides, model_dir):
     val = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data)
     reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0)
     val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0, is_eval=True)
-    trainer = RayPPOTrainer(cfg, tokenizer, train, val, reward_fn, val_reward_fn, device="cpu")
+    plan, _ = plan_ppo_run(cfg, "cpu")
+    trainer = RayPPOTrainer(cfg, tokenizer, train, val, reward_fn, val_reward_fn, plan=plan)
     trainer.init_workers()
     return trainer
 

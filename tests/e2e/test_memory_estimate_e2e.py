@@ -12,6 +12,7 @@ and runs two steps, and before each phase of the second step the kernel's peak c
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -55,6 +56,7 @@ def _probe(overrides: list[str]) -> dict[str, float]:
     config = load_config("ppo_trainer", overrides)
     with open_dict(config):
         config.actor_rollout_ref.actor.optim.total_training_steps = 2
+    plan, _ = probe_plan(config)
     data, rank, ranks = config.data, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     generator = torch.Generator().manual_seed(rank)
     shape = (data.train_batch_size // ranks * config.actor_rollout_ref.rollout.n, data.max_prompt_length)
@@ -70,13 +72,26 @@ def _probe(overrides: list[str]) -> dict[str, float]:
     for measured in (False, True):  # the warm-up worker, then the measured one
         gc.collect()
         meter = PhasePeaks(_rss("VmRSS:"))
-        worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout", device="cpu")
+        worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor_rollout", plan=plan)
         worker.init_model()
         _step(worker, prompts, generator, None)
         if measured:  # the second step: AdamW's moments exist from the first update on
             _step(worker, prompts, generator, meter)
         del worker
     return meter.peaks
+
+
+def probe_plan(config):
+    """The run plan the probe's worker follows and the estimate reads, with the models' shapes: the default run's
+    plan on CPU with the old-log-prob pass on (the probe runs it; the default run takes the HF engine's log-probs), its
+    unset micro-batches sized by the memory check as main_ppo sizes them."""
+    from verl.trainer.ppo.run_plan import plan_run
+    from verl.utils.memory_estimate import check_ppo_memory, ppo_model_shapes
+
+    shapes = ppo_model_shapes(config, critic=False)
+    plan = dataclasses.replace(plan_run(config, "cpu", shapes["actor"].parameters), old_log_prob_source="recompute")
+    plan, _ = check_ppo_memory(config, plan, shapes)
+    return plan, shapes
 
 
 class PhasePeaks:
@@ -145,15 +160,12 @@ def measure_worker_peaks(overrides: list[str], ranks: int) -> dict[str, float]:
 def tiny_default_run(tiny_model_dir):
     """The default config on the tiny model, 2 CPU ranks: the estimate and rank 0's measured phase peaks."""
     from verl.trainer.config import load_config
-    from verl.utils.memory_estimate import RunFacts, estimate_ppo_memory, ppo_model_shapes
-    from verl.workers.fsdp_workers import SHARED_ENGINE_MIN_PARAMETERS
+    from verl.utils.memory_estimate import estimate_ppo_memory
 
     overrides = ["trainer.device=cpu", f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.n_gpus_per_node=2"]
     config = load_config("ppo_trainer", overrides)
-    # The probe runs the old-log-prob pass too, which the default (on-policy) run skips.
-    facts = RunFacts(old_log_prob_pass=True, shared_engine_min_parameters=SHARED_ENGINE_MIN_PARAMETERS)
-    estimate = estimate_ppo_memory(config, "cpu", ppo_model_shapes(config, critic=False), facts)
-    return estimate, measure_worker_peaks(overrides, ranks=2)
+    plan, shapes = probe_plan(config)
+    return estimate_ppo_memory(config, plan, shapes), measure_worker_peaks(overrides, ranks=2)
 
 
 @pytest.mark.parametrize("phase", ["generate", "old_log_prob", "update_actor"])

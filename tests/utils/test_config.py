@@ -178,10 +178,10 @@ def test_an_engine_added_with_register_rollout_passes_validation():
 def test_verl_keys_that_do_nothing_are_announced_once_each(capsys):
     from verl.trainer.ppo.config_rules import INERT_KEYS, announce_inert_keys
 
-    assert announce_inert_keys(load_config()) == []  # the defaults say nothing
+    assert announce_inert_keys(load_config(), "hf") == []  # the defaults say nothing
     cfg = load_config(overrides=["actor_rollout_ref.model.use_liger=true", "critic.ulysses_sequence_parallel_size=2",
                                  "actor_rollout_ref.actor.checkpoint.load_contents=[model]"])
-    keys = announce_inert_keys(cfg)
+    keys = announce_inert_keys(cfg, "hf")
     assert keys == ["actor_rollout_ref.model.use_liger", "actor_rollout_ref.actor.checkpoint.load_contents",
                     "critic.ulysses_sequence_parallel_size"]
     lines = capsys.readouterr().out.strip().splitlines()
@@ -239,11 +239,12 @@ def test_vllm_only_keys_are_announced_when_the_engine_is_hf(capsys):
 
     overrides = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2",
                  "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
-    keys = announce_inert_keys(load_config(overrides=["actor_rollout_ref.rollout.name=hf", *overrides]))
+    keys = announce_inert_keys(load_config(overrides=["actor_rollout_ref.rollout.name=hf", *overrides]), "hf")
     assert keys == ["actor_rollout_ref.rollout.tensor_model_parallel_size",
                     "actor_rollout_ref.rollout.gpu_memory_utilization"]
     assert "only the vllm engine reads it, and this run's engine is hf" in capsys.readouterr().out
-    assert announce_inert_keys(load_config(overrides=["actor_rollout_ref.rollout.name=vllm", *overrides])) == []
+    assert announce_inert_keys(load_config(overrides=["actor_rollout_ref.rollout.name=vllm", *overrides]),
+                               "vllm") == []
 
 
 def test_a_verl_key_quiver_does_not_carry_says_so_and_why():

@@ -1,22 +1,25 @@
-"""The per-rank memory estimate (verl/utils/memory_estimate.py): by hand on a small config, the refusal of a config
-that cannot fit with the keys that would make it fit, and the out-of-memory message of a step. The estimate against
-the measured peak of the real worker is in tests/e2e/test_memory_estimate_e2e.py."""
+"""The per-rank memory estimate (verl/utils/memory_estimate.py): by hand on a small config, the micro-batch sizes it
+chooses where the config leaves them unset, the refusal of a config that cannot fit with the keys that would make it
+fit, and the out-of-memory message of a step. The estimate against the measured peak of the real worker is in
+tests/e2e/test_memory_estimate_e2e.py."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import pytest
 
 from verl.trainer.config import load_config
+from verl.trainer.ppo.run_plan import plan_run
 from verl.utils.config import ConfigError
 from verl.utils.memory_estimate import (
     GIB,
     PROCESS_BYTES,
+    WARN_SHARE,
     ModelShape,
     OutOfMemory,
-    RunFacts,
     check_ppo_memory,
     estimate_ppo_memory,
     name_out_of_memory,
@@ -35,8 +38,6 @@ SMALL = ModelShape(
     kv_dim=4,
     vocab=50,
 )
-FACTS = RunFacts(old_log_prob_pass=True, shared_engine_min_parameters=50_000_000)
-ON_POLICY = RunFacts(old_log_prob_pass=False, shared_engine_min_parameters=50_000_000)  # no old-log-prob pass
 
 
 def small_config(*overrides: str):
@@ -56,12 +57,17 @@ def small_config(*overrides: str):
     )
 
 
+def recompute(plan):
+    """The plan with the old-log-prob pass on (the small config's CPU run takes the HF engine's log-probs)."""
+    return dataclasses.replace(plan, old_log_prob_source="recompute")
+
+
 def test_estimate_by_hand_on_a_small_config():
     config = small_config(
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
     )
-    estimate = estimate_ppo_memory(config, "cpu", {"actor": SMALL}, FACTS)
+    estimate = estimate_ppo_memory(config, recompute(plan_run(config, "cpu")), {"actor": SMALL})
     resident = {
         "actor weights": 4 * 1000 // 2,  # float32, sharded over 2 ranks
         "actor optimizer": 8 * 1000 // 2,  # AdamW's 2 float32 moments
@@ -104,7 +110,7 @@ def test_estimate_by_hand_on_a_small_config():
 
 def test_checkpointing_keeps_layer_inputs_and_one_recomputed_layer():
     config = small_config("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
-    parts = estimate_ppo_memory(config, "cpu", {"actor": SMALL}, FACTS).phases["update_actor"]
+    parts = estimate_ppo_memory(config, plan_run(config, "cpu"), {"actor": SMALL}).phases["update_actor"]
     assert parts["activations"] == 10 * 2 * 4 * 8  # each layer's input: tokens x layers x c h
     assert parts["recomputed layer"] == 10 * (4 * (8 * 8 + 4 * 16 + 2 * 4) + 4 * 2) + 10 * 4 * (3 * 16 + 2 * 8)
 
@@ -112,7 +118,7 @@ def test_checkpointing_keeps_layer_inputs_and_one_recomputed_layer():
 def test_kl_critic_and_offload_add_their_parts():
     config = small_config("algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true")
     critic = dataclasses.replace(SMALL, parameters=700, trainable=700, vocab=0)  # no LM head, a 1-wide value head
-    estimate = estimate_ppo_memory(config, "cpu", {"actor": SMALL, "critic": critic}, FACTS)
+    estimate = estimate_ppo_memory(config, plan_run(config, "cpu"), {"actor": SMALL, "critic": critic})
     resident = estimate.phases["update_critic"]
     assert resident["ref weights"] == 2000 and resident["critic weights"] == 1400
     assert resident["critic optimizer"] == 2800 and resident["processes"] == 2 * PROCESS_BYTES
@@ -122,13 +128,13 @@ def test_kl_critic_and_offload_add_their_parts():
     cuda = small_config(
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", "actor_rollout_ref.rollout.name=hf"
     )
-    phases = estimate_ppo_memory(cuda, "cuda", {"actor": SMALL}, FACTS, capacity=GIB).phases
+    phases = estimate_ppo_memory(cuda, plan_run(cuda, "cuda"), {"actor": SMALL}, capacity=GIB).phases
     assert phases["generate"]["actor optimizer"] == 0 and phases["update_actor"]["actor optimizer"] == 4000
 
 
 def test_vllm_on_cuda_takes_its_memory_share_while_generating():
     config = small_config("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6")
-    phases = estimate_ppo_memory(config, "cuda", {"actor": SMALL}, FACTS, capacity=10 * GIB).phases
+    phases = estimate_ppo_memory(config, plan_run(config, "cuda"), {"actor": SMALL}, capacity=10 * GIB).phases
     assert phases["generate"]["vllm (gpu_memory_utilization)"] == 6 * GIB
     assert "vllm (gpu_memory_utilization)" not in phases["update_actor"]  # asleep (free_cache_engine)
 
@@ -160,18 +166,25 @@ WIDE = ModelShape(
 )
 
 
-def test_a_config_that_cannot_fit_is_refused_naming_the_key_and_a_value_that_fits(capsys):
-    config = small_config(
+def wide_config(*overrides: str):
+    """16 sequences of 512 + 1024 tokens per rank, one mini-batch (the run is on-policy: no old-log-prob pass)."""
+    return small_config(
         "data.max_prompt_length=512",
         "data.max_response_length=1024",
         "data.train_batch_size=16",
         "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        "trainer.memory_per_rank_gb=12",
+        *overrides,
     )
-    before = estimate_ppo_memory(config, "cpu", {"actor": WIDE}, ON_POLICY)
+
+
+def test_a_config_that_cannot_fit_is_refused_naming_the_key_and_a_value_that_fits(capsys):
+    # The user's micro-batch (the whole mini-batch of 16) is kept; the refusal says which value of it fits.
+    config = wide_config("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "trainer.memory_per_rank_gb=12")
+    plan = plan_run(config, "cpu")
+    before = estimate_ppo_memory(config, plan, {"actor": WIDE})
     assert before.peak > 12 * GIB and before.peak_phase == "update_actor"
     with pytest.raises(ConfigError) as err:
-        check_ppo_memory(config, "cpu", ON_POLICY, shapes={"actor": WIDE})
+        check_ppo_memory(config, plan, shapes={"actor": WIDE})
     message = str(err.value)
     assert "update_actor" in message and "trainer.memory_check=warn" in message
     line = next(
@@ -180,25 +193,233 @@ def test_a_config_that_cannot_fit_is_refused_naming_the_key_and_a_value_that_fit
         if line.strip().startswith("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=")
     )
     micro = int(line.split("=")[1].split()[0])
-    fixed = small_config(
-        "data.max_prompt_length=512",
-        "data.max_response_length=1024",
-        "data.train_batch_size=16",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
-    )
-    assert estimate_ppo_memory(fixed, "cpu", {"actor": WIDE}, ON_POLICY).peak <= 12 * GIB
+    fixed = wide_config(f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}")
+    assert estimate_ppo_memory(fixed, plan_run(fixed, "cpu"), {"actor": WIDE}).peak <= 12 * GIB
     assert "the run needs about" in message and "logits" in message
 
     config.trainer.memory_check = "warn"
-    assert check_ppo_memory(config, "cpu", ON_POLICY, shapes={"actor": WIDE}).peak == before.peak
+    warned_plan, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE})
+    assert estimate.peak == before.peak and warned_plan.actor_update == plan.actor_update  # the user's size stays
     assert "[memory] warning" in capsys.readouterr().out
     config.trainer.memory_check = "off"
-    assert check_ppo_memory(config, "cpu", ON_POLICY, shapes={"actor": WIDE}) is None
+    assert check_ppo_memory(config, plan, shapes={"actor": WIDE}) == (plan, None)
 
 
-def test_main_ppo_refuses_before_ray_with_exit_code_2(tiny_model_dir, arithmetic_data_dir, tmp_path, capsys,
-                                                      monkeypatch):
+# The update of the wide config on 2 CPU ranks (float32, checkpointing on), by hand: what does not depend on the
+# micro-batch -- the weights' and optimizer's shards, 4 x 300M / 2 + 8 x 300M / 2, the process, the gathered weights
+# 4 x 300M, the gradients' shard 4 x 300M / 2 and the root group's 4 x 180M -- and per sequence the 3 float32 copies
+# of its 1024 x 151936 logits and each of the 12 layers' input, 1536 tokens x 4 x 896.
+WIDE_UPDATE_FIXED = 600_000_000 + 1_200_000_000 + PROCESS_BYTES + 1_200_000_000 + 600_000_000 + 720_000_000
+WIDE_UPDATE_PER_SEQUENCE = 1024 * 151936 * 4 * 3 + 1536 * 12 * 4 * 896
+
+
+def test_an_unset_micro_batch_is_sized_to_the_largest_divisor_that_fits(capsys):
+    config = wide_config("trainer.memory_per_rank_gb=12")
+    plan = plan_run(config, "cpu")
+    assert plan.actor_update.micro.size is None and plan.actor_update.mini_batch == 16
+    sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE})
+    # 16 and 8 sequences do not fit 90% of 12 GiB, and neither does 4 (12.59e9 > 11.60e9); 2 does (8.72e9).
+    assert WIDE_UPDATE_FIXED + 4 * WIDE_UPDATE_PER_SEQUENCE > WARN_SHARE * 12 * GIB
+    assert estimate.total("update_actor") == WIDE_UPDATE_FIXED + 2 * WIDE_UPDATE_PER_SEQUENCE <= WARN_SHARE * 12 * GIB
+    assert sized.actor_update.micro.size == 2 and estimate.fits()
+    # The step skips the actor's log-prob pass (on-policy), but a reward manager scoring with the actor would run it:
+    # it is sized too, to 2 of the rank's 16 sequences (4 float32 copies of the logits each, with the entropy).
+    assert sized.sized_by_memory == (
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 2),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 2),
+    )
+    assert "old_log_prob" not in estimate.phases
+    assert sized == dataclasses.replace(
+        plan,
+        actor_update=dataclasses.replace(plan.actor_update, micro=dataclasses.replace(plan.actor_update.micro, size=2)),
+        actor_log_prob=dataclasses.replace(plan.actor_log_prob, size=2),
+        sized_by_memory=sized.sized_by_memory,
+    )
+    out = capsys.readouterr().out
+    assert (
+        "[memory] sized by the estimate: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2, "
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2\n" in out
+    )
+    assert "warning" not in out
+
+
+def test_each_unset_pass_is_sized_on_its_own_and_the_users_sizes_stay():
+    # Old log-probs recomputed (bypass_mode=false) and a reference: three passes, two of them set by the user.
+    config = wide_config(
+        "algorithm.rollout_correction.bypass_mode=false",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "trainer.memory_per_rank_gb=12",
+        "trainer.memory_check=warn",  # the user's update of 16 sequences does not fit
+    )
+    plan = plan_run(config, "cpu")
+    sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE})
+    assert sized.actor_update == plan.actor_update and sized.ref_log_prob == plan.ref_log_prob
+    # The old-log-prob pass: 4 float32 copies of a sequence's 1024 x 151936 logits (with the entropy) per sequence
+    # beside what the rank holds (now with the reference's weights): 2 sequences fit 90% of 12 GiB, 4 do not.
+    assert sized.sized_by_memory == (("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 2),)
+    assert sized.actor_log_prob.size == 2
+    assert estimate.phases["old_log_prob"]["logits"] == 2 * 1024 * 151936 * 4 * 4
+    assert estimate.total("old_log_prob") <= WARN_SHARE * 12 * GIB
+    four = dataclasses.replace(sized, actor_log_prob=dataclasses.replace(sized.actor_log_prob, size=4))
+    assert estimate_ppo_memory(config, four, {"actor": WIDE}).total("old_log_prob") > WARN_SHARE * 12 * GIB
+
+
+def test_a_token_budget_is_not_sized():
+    config = wide_config(
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "trainer.memory_check=warn",
+        "trainer.memory_per_rank_gb=12",
+    )
+    plan = plan_run(config, "cpu")
+    assert plan.actor_update.micro.dynamic and plan.ref_log_prob.dynamic
+    sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE})
+    assert sized == plan and not sized.sized_by_memory
+    # The budget of 16384 tokens holds 10 sequences of 1536: the update's logits are theirs.
+    assert estimate.phases["update_actor"]["logits"] == 10 * 1024 * 151936 * 4 * 3
+
+
+def test_a_run_that_cannot_fit_at_micro_batch_1_is_refused_naming_the_levers_left():
+    # Without gradient checkpointing one sequence's update needs, beyond WIDE_UPDATE_FIXED, its logits and every
+    # layer's activations, 1536 tokens x 12 layers x (4 (8 h + 4 I + 2 kv) + 4 heads): 8.11 GiB, more than 7.
+    config = wide_config("actor_rollout_ref.model.enable_gradient_checkpointing=false", "trainer.memory_per_rank_gb=7")
+    peak = WIDE_UPDATE_FIXED + 1024 * 151936 * 4 * 3 + 1536 * 12 * (4 * (8 * 896 + 4 * 4864 + 2 * 128) + 4 * 14)
+    with pytest.raises(ConfigError) as err:
+        check_ppo_memory(config, plan_run(config, "cpu"), shapes={"actor": WIDE})
+    message = str(err.value)
+    assert message.startswith(f"the run needs about {peak / GIB:.2f} GiB per rank in update_actor, more than the 7.00")
+    assert (
+        "That is at one sequence per micro-batch (actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu was unset; "
+        "the estimate sized it to 1): a smaller micro-batch cannot help." in message
+    )
+    fixes = message.split("Single changes, each re-estimated (unset micro-batches sized again):\n")[1].splitlines()
+    # Checkpointing keeps each layer's input instead: WIDE_UPDATE_FIXED + WIDE_UPDATE_PER_SEQUENCE = 6.32 GiB.
+    with_checkpointing = (WIDE_UPDATE_FIXED + WIDE_UPDATE_PER_SEQUENCE) / GIB
+    assert fixes[0] == (
+        f"  actor_rollout_ref.model.enable_gradient_checkpointing=true: peak {with_checkpointing:.2f} GiB (fits)"
+    )
+    assert "ppo_micro_batch_size_per_gpu=" not in message.split("Single changes")[1]
+
+
+# The Qwen2.5-0.5B shape (its config.json's sizes; no weights are read).
+QWEN_0_5B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 32768,
+}
+
+
+def qwen_0_5b_job(model_dir, *overrides: str):
+    """The first-contact job (tests/gpu/conftest.py, qwen05b_run): GRPO at the Qwen2.5-0.5B shape, 16 prompts x 8
+    samples x 256 response tokens, the HF engine, on one 80 GB GPU; no micro-batch sizes."""
+    (model_dir / "config.json").write_text(json.dumps(QWEN_0_5B))
+    return load_config(
+        "ppo_trainer",
+        [
+            "trainer.device=cuda",
+            "trainer.n_gpus_per_node=1",
+            "trainer.memory_per_rank_gb=80",
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.rollout.n=8",
+            "data.train_batch_size=16",
+            "data.max_response_length=256",
+            *overrides,
+        ],
+    )
+
+
+# Bytes per (response token x vocabulary entry) on CUDA: the bf16 logits and their float32 copies, 3 in the update,
+# 4 with the entropy in the old-log-prob pass.
+UPDATE_LOGITS, OLD_LOG_PROB_LOGITS = 3 * 4 + 2, 4 * 4 + 2
+
+
+def test_the_first_contact_job_on_one_80gb_gpu_starts_on_defaults(tmp_path, capsys):
+    config = qwen_0_5b_job(tmp_path)
+    shape = read_model_shape(str(tmp_path))
+    plan = plan_run(config, "cuda", shape.parameters)
+    # Mini-batches of 8 prompts (64 sequences) in a batch of 16: off-policy, so the old log-probs are recomputed
+    # over the rank's 128 sequences -- at once they would need 83.46 GiB of logits alone.
+    assert (plan.actor_update.mini_batch, plan.rows_per_rank, plan.old_log_prob_source) == (64, 128, "recompute")
+    whole = estimate_ppo_memory(config, plan, {"actor": shape}, capacity=80 * GIB)
+    assert whole.phases["old_log_prob"]["logits"] == 128 * 256 * 151936 * OLD_LOG_PROB_LOGITS
+    assert not whole.fits()
+
+    sized, estimate = check_ppo_memory(config, plan)
+    assert sized.sized_by_memory == (
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 64),  # the whole mini-batch fits: 41.87 GiB
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 64),  # half the rows: 48.14 GiB
+    )
+    assert estimate.phases["update_actor"]["logits"] == 64 * 256 * 151936 * UPDATE_LOGITS
+    assert estimate.phases["old_log_prob"]["logits"] == 64 * 256 * 151936 * OLD_LOG_PROB_LOGITS
+    assert estimate.peak_phase == "old_log_prob" and f"{estimate.peak / GIB:.2f}" == "48.14"
+    assert estimate.peak <= WARN_SHARE * 80 * GIB
+    assert estimate.to_dict() == {
+        "device": "cuda",
+        "capacity_bytes": 80 * GIB,
+        "peak_phase": "old_log_prob",
+        "peak_bytes": estimate.peak,
+        "phases": {p: estimate.total(p) for p in ("generate", "old_log_prob", "update_actor", "optimizer_step")},
+    }
+    out = capsys.readouterr().out
+    assert (
+        "[memory] sized by the estimate: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64, "
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64\n" in out
+    )
+    assert "warning" not in out
+
+
+def test_a_mini_batch_of_128_sequences_is_cut_to_fit_an_80gb_gpu(tmp_path):
+    # One mini-batch of all 16 prompts (on-policy: no old-log-prob pass). The update of 128 sequences would need
+    # 75.31 GiB, more than 90% of 80 GiB, its logits 128 x 256 x 151936 x 14 bytes = 64.91 GiB; 64 sequences 41.87.
+    config = qwen_0_5b_job(tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=16")
+    shape = read_model_shape(str(tmp_path))
+    plan = plan_run(config, "cuda", shape.parameters)
+    assert plan.actor_update.mini_batch == 128 and plan.old_log_prob_source == "actor"
+    whole = estimate_ppo_memory(config, plan, {"actor": shape}, capacity=80 * GIB)
+    assert whole.phases["update_actor"]["logits"] == 128 * 256 * 151936 * UPDATE_LOGITS
+    assert f"{whole.total('update_actor') / GIB:.2f}" == "75.31" and whole.peak > WARN_SHARE * 80 * GIB
+
+    sized, estimate = check_ppo_memory(config, plan, {"actor": shape})
+    assert sized.actor_update.micro.size == 64 and sized.actor_update.mini_batch == 128
+    assert sized.old_log_prob_source == "actor" and "old_log_prob" not in estimate.phases
+    assert estimate.peak_phase == "update_actor" and f"{estimate.peak / GIB:.2f}" == "41.87"
+
+
+def test_a_run_that_cannot_fit_while_generating_is_refused_naming_the_engine_and_offload(tmp_path):
+    # vLLM takes half of an 8 GiB GPU while generating, beside the actor's float32 weights (4 x 494M = 1.84 GiB),
+    # its AdamW moments (3.68 GiB) and the process (0.5 GiB): 10.02 GiB, whatever the micro-batches.
+    config = qwen_0_5b_job(
+        tmp_path,
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "trainer.memory_per_rank_gb=8",
+    )
+    plan = plan_run(config, "cuda", read_model_shape(str(tmp_path)).parameters)
+    with pytest.raises(ConfigError) as err:
+        check_ppo_memory(config, plan)
+    message = str(err.value)
+    assert message.startswith("the run needs about 10.02 GiB per rank in generate, more than the 8.00 GiB")
+    assert "vllm (gpu_memory_utilization) 4.00 GiB" in message
+    assert "That is at one sequence" not in message  # the micro-batches were sized, but generation is the peak
+    assert (
+        "actor_rollout_ref.actor.fsdp_config.param_offload=true: peak 8.18 GiB (saves 1.84 GiB, not enough alone)"
+        in message
+    )
+
+
+def test_main_ppo_refuses_before_ray_with_exit_code_2(
+    tiny_model_dir, arithmetic_data_dir, tmp_path, capsys, monkeypatch
+):
     from verl.trainer import main_ppo
     from verl.trainer.main_ppo import main
 
@@ -212,6 +433,7 @@ def test_main_ppo_refuses_before_ray_with_exit_code_2(tiny_model_dir, arithmetic
             f"data.train_files={arithmetic_data_dir}/train.parquet",
             f"data.val_files={arithmetic_data_dir}/test.parquet",
             "data.max_response_length=900",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",  # the whole mini-batch, set: not sized
             "trainer.memory_per_rank_gb=0.6",
             f"trainer.default_local_dir={run_dir}",
         ]
@@ -224,7 +446,7 @@ def test_main_ppo_refuses_before_ray_with_exit_code_2(tiny_model_dir, arithmetic
 
 def test_the_default_config_fits_this_machine(tiny_model_dir, capsys):
     config = load_config("ppo_trainer", ["trainer.device=cpu", f"actor_rollout_ref.model.path={tiny_model_dir}"])
-    estimate = check_ppo_memory(config, "cpu", FACTS)
+    _, estimate = check_ppo_memory(config, plan_run(config, "cpu"))
     assert estimate.fits() and estimate.peak < GIB
     assert "[memory] estimated peak per rank" in capsys.readouterr().out
 
@@ -283,6 +505,7 @@ def test_the_trainer_phases_name_their_out_of_memory_and_let_other_errors_throug
 
 def test_no_estimate_when_the_model_directory_cannot_be_read(tmp_path, capsys):
     config = load_config("ppo_trainer", ["trainer.device=cpu", f"actor_rollout_ref.model.path={tmp_path}"])
-    assert check_ppo_memory(config, "cpu", FACTS) is None
+    plan = plan_run(config, "cpu")
+    assert check_ppo_memory(config, plan) == (plan, None)
     assert "[memory] no estimate" in capsys.readouterr().out
     assert os.listdir(tmp_path) == []

@@ -7,23 +7,20 @@ tiny demo model and the synthetic arithmetic task are built under `trainer.cache
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.config import run_cli
-from verl.trainer.ppo.config_rules import (
-    announce_inert_keys,
-    critic_enabled,
-    processes_per_rank,
-    validate_ppo_config,
-)
+from verl.trainer.ppo.config_rules import announce_inert_keys, critic_enabled, validate_ppo_config
 from verl.trainer.ppo.guards import TrainingStopped
+from verl.trainer.ppo.run_plan import RunPlan, plan_run
 from verl.utils.config import ConfigError, resolve_device
 from verl.utils.hub import local_model_path
 from verl.utils.import_utils import ExternalLibError, import_external_libs
-from verl.utils.memory_estimate import RunFacts, check_ppo_memory
+from verl.utils.memory_estimate import MemoryEstimate, check_ppo_memory, ppo_model_shapes
 from verl.utils.preflight import check_ppo_inputs, load_tokenizer
 from verl.utils.run_dir import check_fresh_start, clear_run_outputs, own_run_dir
 from verl.workers.tools.manager import check_tools
@@ -79,14 +76,13 @@ def import_user_modules(config: DictConfig) -> None:
         raise ConfigError(str(err)) from err
 
 
-def init_ray(config: DictConfig, device: str) -> None:
+def init_ray(config: DictConfig, plan: RunPlan) -> None:
     import ray
 
     if ray.is_initialized():
         return
     ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init, resolve=True)
     address = ray_init.pop("address", None) or os.environ.get("RAY_ADDRESS")
-    n_ranks = config.trainer.nnodes * config.trainer.n_gpus_per_node
     env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
     if config.actor_rollout_ref.model.external_lib or config.trainer.plugins:
         # The workers import the user's modules as the driver did: from the launch directory or PYTHONPATH.
@@ -98,41 +94,46 @@ def init_ray(config: DictConfig, device: str) -> None:
     if num_cpus is None:
         # Ray counts logical CPUs: one per worker process is enough to place them, whatever the core count (a rank
         # holds the actor's process, and the critic's and the reward model's beside it when there are).
-        num_cpus = max(os.cpu_count() or 1, n_ranks * processes_per_rank(config))
+        num_cpus = max(os.cpu_count() or 1, plan.n_ranks * plan.processes_per_rank)
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env}, **ray_init)
 
 
-def save_resolved_config(config: DictConfig) -> str:
+def save_resolved_config(config: DictConfig, estimate: MemoryEstimate | None = None) -> str:
     """Write the run's final config (every default and override resolved) to <default_local_dir>/config.yaml, the
-    record of what a run did; a resumed run rewrites it. Written once the workers are up."""
+    record of what a run did, and the memory estimate per phase to memory_estimate.json beside it; a resumed run
+    rewrites them. Written once the workers are up."""
+    from verl.utils.checkpoint.checkpoint_manager import write_atomic
+
     out_dir = os.path.expanduser(config.trainer.default_local_dir)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "config.yaml")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(OmegaConf.to_yaml(config, resolve=True))
-    os.replace(tmp, path)
+    write_atomic(path, OmegaConf.to_yaml(config, resolve=True))
+    if estimate is not None:
+        write_atomic(os.path.join(out_dir, "memory_estimate.json"), json.dumps(estimate.to_dict(), indent=1))
     print(f"[quiver] resolved config: {path}")
     return path
 
 
-def check_memory(config: DictConfig, device: str) -> None:
-    """Print the per-rank memory estimate and refuse a config that cannot fit (trainer.memory_check; see
-    verl/utils/memory_estimate.py), with the facts of this run the estimate cannot read from the config."""
-    from verl.algorithms import build_actor_objective
-    from verl.trainer.ppo.ray_trainer import old_log_prob_source
-    from verl.workers.fsdp_workers import SHARED_ENGINE_MIN_PARAMETERS
-    from verl.workers.rollout.base import resolve_rollout_name
-
-    rollout = config.actor_rollout_ref.rollout
+def plan_ppo_run(config: DictConfig, device: str) -> tuple[RunPlan, MemoryEstimate | None]:
+    """The run's plan (verl/trainer/ppo/run_plan.py) with the micro-batches the config leaves unset sized by the
+    memory estimate, which is printed; a config that cannot fit is refused here (trainer.memory_check; see
+    verl/utils/memory_estimate.py). Returns the plan and the estimate (None when memory_check=off or the model's
+    shape cannot be read)."""
+    try:
+        shapes = ppo_model_shapes(config, critic_enabled(config))
+    except Exception as err:  # a broken or unusual model directory: loading it will say what is wrong
+        print(f"[memory] no estimate: cannot build the model's shape ({type(err).__name__}: {err})")
+        shapes = None
+    plan = plan_run(config, device, shapes["actor"].parameters if shapes else None)
+    announce_inert_keys(config, plan.rollout_engine)
     kv_cache_bytes = None  # vLLM's default KV cache on CPU, read only when vLLM runs there (its import sets env vars)
-    if device == "cpu" and resolve_rollout_name(rollout.name, device) == "vllm":
+    if device == "cpu" and plan.rollout_engine == "vllm":
         from verl.workers.rollout.vllm_rollout import CPU_KV_CACHE_BYTES as kv_cache_bytes
-    facts = RunFacts(
-        old_log_prob_pass=old_log_prob_source(config, config.data.train_batch_size * rollout.n, device) == "recompute",
-        update_needs_entropy=build_actor_objective(config.actor_rollout_ref.actor).needs_entropy,
-        shared_engine_min_parameters=SHARED_ENGINE_MIN_PARAMETERS, vllm_cpu_kv_cache_bytes=kv_cache_bytes)
-    check_ppo_memory(config, device, facts, critic=critic_enabled(config))
+    estimate = None
+    if shapes is not None:
+        plan, estimate = check_ppo_memory(config, plan, shapes, vllm_cpu_kv_cache_bytes=kv_cache_bytes)
+    print(plan.describe())
+    return plan, estimate
 
 
 def run_ppo(config: DictConfig):
@@ -140,21 +141,19 @@ def run_ppo(config: DictConfig):
     device = resolve_device(config.trainer.device)
     import_user_modules(config)  # first, so that what the user's modules register passes the checks
     resolve_model_paths(config)
-    validate_ppo_config(config)
-    announce_inert_keys(config)
     prepare_defaults(config)
     validate_ppo_config(config)
     check_ppo_inputs(config)  # model directories, output directories (verl/utils/preflight.py)
     check_tools(config.actor_rollout_ref.rollout)  # every tool's class imports and takes its params
-    check_memory(config, device)
+    plan, estimate = plan_ppo_run(config, device)
     # Before Ray starts or anything is written: a second run on the directory, or a start from scratch over an
     # earlier run's output, stops here (verl/utils/run_dir.py).
     with own_run_dir(config.trainer.default_local_dir):
         check_fresh_start(config.trainer.default_local_dir, config.trainer.resume_mode, config.trainer.overwrite)
-        return train_ppo(config, device)
+        return train_ppo(config, plan, estimate)
 
 
-def train_ppo(config: DictConfig, device: str):
+def train_ppo(config: DictConfig, plan: RunPlan, estimate: MemoryEstimate | None = None):
     """Build the tokenizer, data sets, reward managers and trainer, check the checkpoint to resume from, start Ray
     and the workers, and train. Nothing is written into the run directory before the workers are up, so a start
     that fails leaves an earlier run's directory as it was."""
@@ -170,13 +169,13 @@ def train_ppo(config: DictConfig, device: str):
     reward_fn = load_reward_manager(config, tokenizer, num_examine=config.reward_model.num_examine)
     val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, is_eval=True)
 
-    trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, device=device)
+    trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, plan=plan)
     trainer.resume_checkpoint  # noqa: B018 - chosen and checked against its manifest now, before Ray starts
-    init_ray(config, device)
+    init_ray(config, plan)
     trainer.init_workers()
     if config.trainer.overwrite:
         clear_run_outputs(config.trainer.default_local_dir)
-    save_resolved_config(config)
+    save_resolved_config(config, estimate)
     try:
         return trainer.fit()
     finally:

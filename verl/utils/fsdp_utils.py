@@ -13,21 +13,26 @@ COMPUTE_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
                   "fp32": "float32", "float32": "float32"}
 
 
-def shard_model(model: torch.nn.Module, mesh, device: str, fsdp_config=None) -> torch.nn.Module:
+def reshards_after_forward(device: str, fsdp_config) -> bool:
+    """`fsdp_config.reshard_after_forward`; null: on CUDA yes, on CPU no -- there the all-gather over gloo costs more
+    than the memory of keeping the gathered weights from the forward to the backward pass (`reshard_all` frees them
+    after a forward without backward)."""
+    reshard = (fsdp_config or {}).get("reshard_after_forward")
+    return device != "cpu" if reshard is None else bool(reshard)
+
+
+def shard_model(model: torch.nn.Module, mesh, device: str, fsdp_config=None,
+                compute_dtype: str | None = None) -> torch.nn.Module:
     """Apply FSDP2: each decoder layer is its own shard group, then the root (embeddings, norm, head).
 
-    On CUDA, compute runs in `fsdp_config.dtype` (bf16 when the config has none) with fp32 gradient reduction, and `param_offload`/`offload_policy` keep the
-    parameters in host memory between uses. On CPU everything stays fp32.
+    On CUDA, compute runs in `compute_dtype` (the run plan's; None: `fsdp_config.dtype`, bf16 when the config has
+    none) with fp32 gradient reduction, and `param_offload`/`offload_policy` keep the parameters in host memory
+    between uses. On CPU everything stays fp32.
     """
     fsdp_config = fsdp_config or {}
-    reshard = fsdp_config.get("reshard_after_forward")
-    if reshard is None:
-        # On CPU the all-gather over gloo costs more than the memory of keeping the gathered weights from the
-        # forward to the backward pass (call `reshard_all` after a forward without backward).
-        reshard = device != "cpu"
-    kwargs = {"mesh": mesh, "reshard_after_forward": reshard}
+    kwargs = {"mesh": mesh, "reshard_after_forward": reshards_after_forward(device, fsdp_config)}
     if device == "cuda":
-        compute = getattr(torch, COMPUTE_DTYPES[str(fsdp_config.get("dtype") or "bfloat16")])
+        compute = getattr(torch, compute_dtype or COMPUTE_DTYPES[str(fsdp_config.get("dtype") or "bfloat16")])
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
         if fsdp_config.get("param_offload") or fsdp_config.get("offload_policy"):
             kwargs["offload_policy"] = CPUOffloadPolicy()

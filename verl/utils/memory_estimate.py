@@ -1,11 +1,13 @@
-"""How much memory one rank of a PPO run needs, estimated from the config and the models' config.json before Ray
-starts; and the message an out-of-memory error in a step becomes.
+"""How much memory one rank of a PPO run needs, estimated before Ray starts from the run plan
+(verl/trainer/ppo/run_plan.py), the config's memory settings and the models' config.json; the micro-batch sizes a
+config leaves unset, chosen from that estimate; and the message an out-of-memory error in a step becomes.
 
 The estimate follows what the workers allocate (verl/workers/fsdp_workers.py, actor/dp_actor.py, critic/dp_critic.py,
 the rollout engines), phase by phase, for the fullest rank, with every prompt and response at its maximum length.
-Symbols: P parameters of a model (T of them trainable: all, or LoRA's adapters), W ranks, L decoder layers, h hidden
-size, I MLP size, kv the key/value width (kv heads x head dim), V vocabulary, c bytes of the compute dtype (4 on CPU;
-`fsdp_config.dtype` on CUDA, bf16 = 2).
+Symbols: P parameters of a model (T of them trainable: all, or LoRA's adapters), W ranks (plan.n_ranks), L decoder
+layers, h hidden size, I MLP size, kv the key/value width (kv heads x head dim), V vocabulary, N tokens and R response
+tokens of a micro-batch (its sequences x the maximum lengths), 4 bytes of float32 (the plan's param_dtype), c bytes
+of the plan's compute dtype (float32 on CPU; `fsdp_config.dtype` on CUDA, bf16 = 2).
 
     weights          4 P / W        every model is loaded in float32 and sharded by FSDP2 (param_offload: host)
     optimizer        8 T / W        AdamW's two float32 moments (optimizer_offload: host between updates)
@@ -20,14 +22,22 @@ size, I MLP size, kv the key/value width (kv heads x head dim), V vocabulary, c 
     logits           R V (4 k + c') R response tokens of the micro-batch; k float32 copies alive at once
                                     (LOGITS_COPIES: logits, logits / T, log-softmax, the gradient; with the entropy
                                     softmax and its products), c' = c for the compute-dtype logits on CUDA
-    rollout engine   hf: 4 P (its own float32 copy, freed or moved to host between rollouts with
-                     free_cache_engine) + KV cache 2 L kv (prompt + response) 4 per sequence; vllm on CUDA:
-                     gpu_memory_utilization of the GPU; vllm on CPU: 4 P + its KV cache (no sleep mode there)
-                     other engines (openai: a remote server; the user's own): nothing counted
+    rollout engine   the plan's engine. hf: 4 P (its own float32 copy, freed or moved to host between rollouts with
+                     free_cache_engine) + KV cache 2 L kv (prompt + response) 4 per sequence it decodes (the rank's
+                     prompts x n, the node's with share_cpu_engine); vllm on CUDA: gpu_memory_utilization of the GPU;
+                     vllm on CPU: 4 P + its KV cache (no sleep mode there); other engines (openai: a remote server;
+                     the user's own): nothing counted
     process          PROCESS_BYTES per worker process (CUDA context, or on CPU the interpreter with torch)
 
-The phases are the step's (generate, old_log_prob, ref, values, update_critic, update_actor, optimizer_step); a phase
-adds its own temporaries to what every process of the rank holds at that time, and the peak is the largest phase.
+The phases are the step's that the plan runs: generate, old_log_prob (old_log_prob_source=recompute), ref (a
+reference policy), values and update_critic (a critic), update_actor, optimizer_step. A phase adds its own
+temporaries to what every process of the rank holds at that time, and the peak is the largest phase.
+
+A micro-batch holds the plan's size of sequences, with use_dynamic_bsz as many full-length sequences as its token
+budget holds, and the whole share (the mini-batch of an update, the rank's rows of a forward pass) when unset. The
+check (`check_ppo_memory`) first sizes every unset one (`size_micro_batches`): the largest divisor of its share whose
+phase fits WARN_SHARE of the capacity, each phase on its own; 1 when none does, and then the refusal names the
+levers that remain.
 """
 
 from __future__ import annotations
@@ -37,13 +47,19 @@ import copy
 import dataclasses
 import os
 import re
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.config import ConfigError
+from verl.utils.fsdp_utils import reshards_after_forward
+
+if TYPE_CHECKING:  # not at run time: run_plan's imports (the config schema) import this module
+    from verl.trainer.ppo.run_plan import MicroBatches, RunPlan
 
 GIB = 1024**3
-PARAM_BYTES = 4  # model_dtype fp32: the workers load every model in float32
+FLOAT32_BYTES = 4
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}  # the plan's dtype names
 ADAM_BYTES = 8  # AdamW's exp_avg and exp_avg_sq in float32
 # A worker process before its models: on CPU the interpreter with torch and transformers (measured 0.45 GiB RSS); on
 # CUDA its context.
@@ -59,9 +75,8 @@ CHUNKED_LOGITS_COPIES = {False: 3, True: 4.5}
 # The HF engine: the sampling temporaries of one decoding step (float logits, / T, filtered, softmax, log-softmax,
 # entropy) per sequence and vocabulary entry.
 SAMPLING_COPIES = 6
-COMPUTE_BYTES = {"bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp32": 4, "float32": 4}
 # A warning (not a refusal) when the peak passes this share of the capacity: fragmentation and what the estimate
-# leaves out (the driver, Ray, allocator caches) take the rest.
+# leaves out (the driver, Ray, allocator caches) take the rest. The sizing of unset micro-batches aims below it.
 WARN_SHARE = 0.9
 MEMORY_CHECKS = ("refuse", "warn", "off")
 
@@ -187,6 +202,16 @@ class MemoryEstimate:
     def fits(self) -> bool:
         return self.capacity is None or self.peak <= self.capacity
 
+    def to_dict(self) -> dict:
+        """The figures a run keeps (memory_estimate.json), to compare with the measured peak."""
+        return {
+            "device": self.device,
+            "capacity_bytes": self.capacity,
+            "peak_phase": self.peak_phase,
+            "peak_bytes": self.peak,
+            "phases": {phase: self.total(phase) for phase in self.phases},
+        }
+
     def summary(self) -> str:
         """A few lines for the start of a run: every phase's total and its three largest parts."""
         lines = [
@@ -212,20 +237,57 @@ def gib(size: float) -> str:
     return f"{size / GIB:.2f} GiB" if size >= GIB else f"{size / 1024**2:.1f} MiB"
 
 
-@dataclasses.dataclass(frozen=True)
-class RunFacts:
-    """What the estimate cannot read from the config alone; the entry point works it out (verl/trainer/main_ppo.py).
+# The plan's micro-batched passes (RunPlan fields) and the phase of the estimate each one sizes.
+PASS_PHASES = {
+    "actor_update": "update_actor",
+    "actor_log_prob": "old_log_prob",
+    "ref_log_prob": "ref",
+    "critic_update": "update_critic",
+    "critic_forward": "values",
+}
 
-    old_log_prob_pass: the actor recomputes old log-probs before the update (ray_trainer.old_log_prob_source).
-    update_needs_entropy: the actor's objective reads the token entropy in the update.
-    shared_engine_min_parameters: from this many actor parameters, the HF engine on CPU is one per node by default.
-    vllm_cpu_kv_cache_bytes: vLLM's KV cache on CPU when neither engine_kwargs nor VLLM_CPU_KVCACHE_SPACE sets it.
-    """
 
-    old_log_prob_pass: bool = True
-    update_needs_entropy: bool = False
-    shared_engine_min_parameters: int = 0
-    vllm_cpu_kv_cache_bytes: int | None = None
+def _planned_passes(plan: RunPlan) -> dict[str, tuple[MicroBatches, int]]:
+    """The micro-batched passes the plan's step runs: {field: (MicroBatches, share)}, the share being the sequences
+    the pass cuts into micro-batches (an update's mini-batch, a forward pass's rows of the rank)."""
+    runs = {
+        "actor_update": True,
+        "actor_log_prob": plan.old_log_prob_source == "recompute",
+        "ref_log_prob": plan.use_reference_policy,
+        "critic_update": plan.critic_update is not None,
+        "critic_forward": plan.critic_forward is not None,
+    }
+    passes = {}
+    for field, on in runs.items():
+        if not on:
+            continue
+        batches = getattr(plan, field)
+        if field.endswith("_update"):
+            passes[field] = (batches.micro, batches.mini_batch)
+        else:
+            passes[field] = (batches, plan.rows_per_rank)
+    return passes
+
+
+def _with_micro(plan: RunPlan, field: str, micro: MicroBatches) -> RunPlan:
+    """The plan with one pass's micro-batches replaced."""
+    if field.endswith("_update"):
+        micro = dataclasses.replace(getattr(plan, field), micro=micro)
+    return dataclasses.replace(plan, **{field: micro})
+
+
+def _sequences(micro: MicroBatches, share: int, length: int) -> int:
+    """Sequences in one micro-batch of a pass over `share` sequences of up to `length` tokens: the planned size, the
+    whole share when unset, or with a token budget as many full-length sequences as it holds (at least one)."""
+    size = max(1, micro.max_token_len // length) if micro.dynamic else micro.size or share
+    return max(1, min(size, share))
+
+
+def _generate_rows(config: DictConfig, plan: RunPlan) -> int:
+    """Sequences the rank's HF engine decodes in a step: the rank's prompts x n, the node's on a shared engine."""
+    prompts = config.data.gen_batch_size or config.data.train_batch_size
+    rows = prompts * plan.rollout_n // plan.n_ranks
+    return rows * plan.ranks_per_node if plan.share_cpu_engine else rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,73 +296,59 @@ class _Pass:
 
     shape: ModelShape
     fsdp: DictConfig
+    compute_bytes: int
     sequences: int  # per micro-batch
     checkpointing: bool
 
 
-def _micro_sequences(per_gpu, global_size, dynamic: bool, budget: int, rows: int, length: int, ranks: int) -> int:
-    """Sequences in one micro-batch of a rank holding `rows`: the per-GPU size, the deprecated global one / ranks,
-    or with use_dynamic_bsz as many full-length sequences as the token budget holds (at least one)."""
-    if dynamic:
-        size = max(1, budget // length)
-    elif per_gpu is not None:
-        size = per_gpu
-    elif global_size is not None:
-        size = max(1, global_size // ranks)
-    else:
-        size = rows
-    return max(1, min(size, rows))
-
-
 def estimate_ppo_memory(
     config: DictConfig,
-    device: str,
+    plan: RunPlan,
     shapes: dict[str, ModelShape],
-    facts: RunFacts,
     capacity: int | None = None,
     capacity_source: str = "",
+    vllm_cpu_kv_cache_bytes: int | None = None,
 ) -> MemoryEstimate:
-    """The per-rank estimate of a ppo_trainer config. `shapes`: "actor", and "critic" / "reward_model" when the
-    run has them (`ppo_model_shapes`)."""
-    arr, data, trainer = config.actor_rollout_ref, config.data, config.trainer
+    """The per-rank estimate of a run: its facts from `plan` (a RunPlan), the memory settings (offload, gradient
+    checkpointing, logits chunking, the engine's cache) and lengths from `config`. `shapes`: "actor", and "critic" /
+    "reward_model" when the run has them (`ppo_model_shapes`). `vllm_cpu_kv_cache_bytes`: vLLM's KV cache on CPU when
+    neither engine_kwargs nor VLLM_CPU_KVCACHE_SPACE sets it."""
+    arr, data = config.actor_rollout_ref, config.data
     actor_cfg, rollout, model_cfg = arr.actor, arr.rollout, arr.model
-    ranks = trainer.nnodes * trainer.n_gpus_per_node
-    cuda = device == "cuda"
+    ranks, cuda = plan.n_ranks, plan.device == "cuda"
     prompt, response = data.max_prompt_length, data.max_response_length
     length = prompt + response
-    n = rollout.n
     actor = shapes["actor"]
-    rows = data.train_batch_size * n // ranks  # sequences per rank in a step
+    weight_bytes = DTYPE_BYTES[plan.param_dtype]
+    passes = _planned_passes(plan)
 
-    def compute_bytes(fsdp) -> int:
-        return COMPUTE_BYTES[str(fsdp.get("dtype") or "bfloat16")] if cuda else PARAM_BYTES
+    def sequences(field: str) -> int:
+        return _sequences(*passes[field], length)
 
     def on_device(offload_key: bool) -> bool:
         return not (cuda and offload_key)  # offloading is a CUDA feature; on CPU everything is in host memory
 
     def weights(shape: ModelShape, fsdp) -> int:
         offloaded = fsdp.get("param_offload") or fsdp.get("offload_policy")
-        return PARAM_BYTES * shape.parameters // ranks if on_device(offloaded) else 0
+        return weight_bytes * shape.parameters // ranks if on_device(offloaded) else 0
 
-    def gathered(shape: ModelShape, fsdp) -> int:
-        c = compute_bytes(fsdp)
-        if ranks == 1 and c == PARAM_BYTES:
+    def gathered(p: _Pass) -> int:
+        if ranks == 1 and p.compute_bytes == weight_bytes:
             return 0
-        reshard = fsdp.get("reshard_after_forward")
-        if reshard is None:
-            reshard = device != "cpu"
-        return c * (shape.root_parameters + 2 * shape.layer_parameters if reshard else shape.parameters)
+        reshard = reshards_after_forward(plan.device, p.fsdp)
+        layers = p.shape.root_parameters + 2 * p.shape.layer_parameters if reshard else p.shape.parameters
+        return p.compute_bytes * layers
 
     def forward_parts(p: _Pass, grad: bool, entropy: bool, extra_copies: float = 0) -> dict[str, int]:
         """A pass's temporaries: the gathered weights, the activations and the logits of one micro-batch."""
-        shape, c = p.shape, compute_bytes(p.fsdp)
+        shape, c = p.shape, p.compute_bytes
         tokens, scored = p.sequences * length, p.sequences * response
-        parts = {"gathered weights": gathered(shape, p.fsdp)}
+        parts = {"gathered weights": gathered(p)}
         logits = 0
         if shape.vocab:
             chunked = bool(actor_cfg.entropy_from_logits_with_chunking)
             copies = CHUNKED_LOGITS_COPIES[entropy] if chunked and grad else LOGITS_COPIES[(grad, entropy)]
-            logits = int(scored * shape.vocab * (PARAM_BYTES * (copies + extra_copies) + (c if cuda else 0)))
+            logits = int(scored * shape.vocab * (FLOAT32_BYTES * (copies + extra_copies) + (c if cuda else 0)))
         layer = tokens * shape.layer_temporaries(c)
         if not grad:  # the residual stream, then one layer's temporaries at a time, then the head
             parts["hidden states"] = tokens * 2 * c * shape.hidden
@@ -316,71 +364,60 @@ def estimate_ppo_memory(
         return parts
 
     def update_parts(p: _Pass, entropy: bool) -> dict[str, int]:
-        c = compute_bytes(p.fsdp)
+        c = p.compute_bytes
         root_grad = (
             c * p.shape.root_parameters
-            if p.shape.trainable == p.shape.parameters and (ranks > 1 or c != PARAM_BYTES)
+            if p.shape.trainable == p.shape.parameters and (ranks > 1 or c != weight_bytes)
             else 0
         )
         return {
             **forward_parts(p, grad=True, entropy=entropy),
-            "gradients": PARAM_BYTES * p.shape.trainable // ranks + root_grad,
+            "gradients": weight_bytes * p.shape.trainable // ranks + root_grad,
         }
 
     # ---- what each process of the rank holds between its calls
-    use_ref = actor_cfg.use_kl_loss or config.algorithm.use_kl_in_reward
     actor_fsdp = actor_cfg.fsdp_config
     actor_optimizer = ADAM_BYTES * actor.trainable // ranks
     resident = {
         "actor weights": weights(actor, actor_fsdp),
         "actor optimizer": actor_optimizer if on_device(actor_fsdp.optimizer_offload) else 0,
     }
-    if use_ref and model_cfg.lora_rank == 0:
+    if plan.use_reference_policy and model_cfg.lora_rank == 0:
         resident["ref weights"] = weights(actor, arr.ref.fsdp_config)
-    critic_shape = shapes.get("critic")
-    if critic_shape is not None:
-        critic_fsdp = config.critic.model.fsdp_config
+    if plan.use_critic:
+        critic_shape, critic_fsdp = shapes["critic"], config.critic.model.fsdp_config
         critic_optimizer = ADAM_BYTES * critic_shape.trainable // ranks
         resident["critic weights"] = weights(critic_shape, critic_fsdp)
         resident["critic optimizer"] = critic_optimizer if on_device(critic_fsdp.optimizer_offload) else 0
-    if "reward_model" in shapes:
+    if plan.use_reward_model:
         resident["reward model weights"] = weights(shapes["reward_model"], config.reward_model.model.fsdp_config)
-    resident["processes"] = PROCESS_BYTES * len([r for r in ("actor", "critic", "reward_model") if r in shapes])
+    resident["processes"] = PROCESS_BYTES * plan.processes_per_rank
 
     # ---- the rollout engine
-    name = rollout.name if rollout.name != "auto" else ("vllm" if cuda else "hf")
-    engine_weights = PARAM_BYTES * actor.parameters
+    name = plan.rollout_engine
+    engine_weights = weight_bytes * actor.parameters
     generate = {}
     if name == "vllm" and cuda:
-        capacity_total = capacity or 0
-        generate["vllm (gpu_memory_utilization)"] = int(rollout.gpu_memory_utilization * capacity_total)
+        generate["vllm (gpu_memory_utilization)"] = int(rollout.gpu_memory_utilization * (capacity or 0))
         if not rollout.free_cache_engine:
             resident["vllm (gpu_memory_utilization)"] = generate.pop("vllm (gpu_memory_utilization)")
     elif name == "vllm":
         kv = (rollout.engine_kwargs.get("vllm") or {}).get("kv_cache_memory_bytes")
         if kv is None:
             space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-            kv = int(float(space) * GIB) if space else facts.vllm_cpu_kv_cache_bytes
+            kv = int(float(space) * GIB) if space else vllm_cpu_kv_cache_bytes
         resident["vllm weights"] = engine_weights // rollout.tensor_model_parallel_size
         resident["vllm KV cache"] = int(kv)
     elif name == "hf":  # other engines (a remote server, the user's own) hold nothing the estimate knows of
-        setting = rollout.share_cpu_engine
-        shared = (
-            not cuda
-            and ranks > 1
-            and trainer.nnodes == 1
-            and setting is not False
-            and (setting or actor.parameters >= facts.shared_engine_min_parameters)
-        )
-        gen_rows = (data.gen_batch_size or data.train_batch_size) * n // ranks * (ranks if shared else 1)
+        gen_rows = _generate_rows(config, plan)
         decoding = min(rollout.micro_batch_size or gen_rows, gen_rows)
         # The cache grows by concatenation: the step's new tensors of a layer exist beside the old ones.
-        kv_per_sequence = 2 * actor.kv_dim * length * PARAM_BYTES
+        kv_per_sequence = 2 * actor.kv_dim * length * weight_bytes
         generate["hf engine weights"] = engine_weights
         generate["KV cache"] = decoding * kv_per_sequence * (actor.layers + 1)
         generate["prefill"] = (
-            decoding * prompt * (2 * PARAM_BYTES * actor.hidden + actor.layer_temporaries(PARAM_BYTES))
-            + decoding * actor.vocab * PARAM_BYTES * SAMPLING_COPIES
+            decoding * prompt * (2 * weight_bytes * actor.hidden + actor.layer_temporaries(weight_bytes))
+            + decoding * actor.vocab * FLOAT32_BYTES * SAMPLING_COPIES
         )
         if not rollout.free_cache_engine:
             resident["hf engine weights"] = generate.pop("hf engine weights")
@@ -389,83 +426,76 @@ def estimate_ppo_memory(
 
     # ---- the actor's passes
     checkpointing = bool(model_cfg.enable_gradient_checkpointing)
-
-    def log_prob_pass(node, fsdp) -> _Pass:
-        sequences = _micro_sequences(
-            node.get("log_prob_micro_batch_size_per_gpu"),
-            node.get("log_prob_micro_batch_size"),
-            node.log_prob_use_dynamic_bsz,
-            node.log_prob_max_token_len_per_gpu,
-            rows,
-            length,
-            ranks,
-        )
-        return _Pass(actor, fsdp, sequences, checkpointing)
-
-    if facts.old_log_prob_pass:
+    actor_c = DTYPE_BYTES[plan.compute_dtype]
+    if "actor_log_prob" in passes:
         sum_pi_squared = 2 if actor_cfg.calculate_sum_pi_squared else 0
+        old = _Pass(actor, actor_fsdp, actor_c, sequences("actor_log_prob"), checkpointing)
         phases["old_log_prob"] = {
             **resident,
-            **forward_parts(log_prob_pass(rollout, actor_fsdp), grad=False, entropy=True, extra_copies=sum_pi_squared),
+            **forward_parts(old, grad=False, entropy=True, extra_copies=sum_pi_squared),
         }
-    if use_ref:
+    if "ref_log_prob" in passes:
         ref_fsdp = actor_fsdp if model_cfg.lora_rank > 0 else arr.ref.fsdp_config
-        phases["ref"] = {**resident, **forward_parts(log_prob_pass(arr.ref, ref_fsdp), grad=False, entropy=False)}
+        ref = _Pass(actor, ref_fsdp, actor_c, sequences("ref_log_prob"), checkpointing)
+        phases["ref"] = {**resident, **forward_parts(ref, grad=False, entropy=False)}
 
     # ---- the critic's passes (its own process on the same rank)
-    if critic_shape is not None:
-        critic = config.critic
-        critic_rows_mini = critic.ppo_mini_batch_size * critic.rollout_n // ranks
-        critic_checkpointing = bool(critic.model.enable_gradient_checkpointing)
-        forward = _micro_sequences(
-            critic.forward_micro_batch_size_per_gpu,
-            critic.forward_micro_batch_size,
-            critic.use_dynamic_bsz,
-            critic.forward_max_token_len_per_gpu,
-            rows,
-            length,
-            ranks,
-        )
-        train = _micro_sequences(
-            critic.ppo_micro_batch_size_per_gpu,
-            critic.ppo_micro_batch_size,
-            critic.use_dynamic_bsz,
-            critic.ppo_max_token_len_per_gpu,
-            critic_rows_mini,
-            length,
-            ranks,
-        )
-        phases["values"] = {
-            **resident,
-            **forward_parts(_Pass(critic_shape, critic_fsdp, forward, critic_checkpointing), grad=False, entropy=False),
-        }
+    if plan.use_critic:
+        critic_c = DTYPE_BYTES[plan.critic_compute_dtype]
+        critic_checkpointing = bool(config.critic.model.enable_gradient_checkpointing)
+        values = _Pass(critic_shape, critic_fsdp, critic_c, sequences("critic_forward"), critic_checkpointing)
+        train = _Pass(critic_shape, critic_fsdp, critic_c, sequences("critic_update"), critic_checkpointing)
+        phases["values"] = {**resident, **forward_parts(values, grad=False, entropy=False)}
         phases["update_critic"] = {
             **resident,
             "critic optimizer": critic_optimizer,
-            **update_parts(_Pass(critic_shape, critic_fsdp, train, critic_checkpointing), entropy=False),
+            **update_parts(train, entropy=False),
         }
 
     # ---- the actor's update: forward and backward of a micro-batch, then the optimizer step
-    actor_rows_mini = actor_cfg.ppo_mini_batch_size * n // ranks
-    train = _micro_sequences(
-        actor_cfg.ppo_micro_batch_size_per_gpu,
-        actor_cfg.ppo_micro_batch_size,
-        actor_cfg.use_dynamic_bsz,
-        actor_cfg.ppo_max_token_len_per_gpu,
-        actor_rows_mini,
-        length,
-        ranks,
-    )
-    update = update_parts(_Pass(actor, actor_fsdp, train, checkpointing), entropy=facts.update_needs_entropy)
+    train = _Pass(actor, actor_fsdp, actor_c, sequences("actor_update"), checkpointing)
+    update = update_parts(train, entropy=plan.update_needs_entropy)
     phases["update_actor"] = {**resident, "actor optimizer": actor_optimizer, **update}
     # AdamW's foreach step makes one temporary per moment tensor (the denominator).
     phases["optimizer_step"] = {
         **resident,
         "actor optimizer": actor_optimizer,
-        "gradients": PARAM_BYTES * actor.trainable // ranks,
-        "optimizer temporaries": PARAM_BYTES * actor.trainable // ranks,
+        "gradients": weight_bytes * actor.trainable // ranks,
+        "optimizer temporaries": FLOAT32_BYTES * actor.trainable // ranks,
     }
-    return MemoryEstimate(phases, capacity, capacity_source, device)
+    return MemoryEstimate(phases, capacity, capacity_source, plan.device)
+
+
+# ------------------------------------------------------------------------------------------------ the sizing
+def size_micro_batches(
+    config: DictConfig,
+    plan: RunPlan,
+    shapes: dict[str, ModelShape],
+    capacity: int,
+    vllm_cpu_kv_cache_bytes: int | None = None,
+) -> RunPlan:
+    """The plan with each micro-batch size the config leaves unset (and no token budget replaces) chosen from the
+    estimate: the largest divisor of the pass's share whose phase fits WARN_SHARE x `capacity` bytes, or 1 when none
+    does (the check's refusal then names what else can change). A phase is what the rank holds plus that one pass's
+    temporaries, so each pass is sized on its own. The actor's log-prob pass is sized even where the step skips it:
+    a reward manager that scores with the actor runs it. `sized_by_memory` lists the sizes chosen."""
+    budget = WARN_SHARE * capacity
+    source = plan.old_log_prob_source
+    plan = dataclasses.replace(plan, old_log_prob_source="recompute")
+    sized = []
+    for field, (micro, share) in _planned_passes(plan).items():
+        if micro.size is not None or micro.dynamic:
+            continue
+        for size in (d for d in range(share, 0, -1) if share % d == 0):
+            candidate = _with_micro(plan, field, dataclasses.replace(micro, size=size))
+            estimate = estimate_ppo_memory(
+                config, candidate, shapes, capacity, vllm_cpu_kv_cache_bytes=vllm_cpu_kv_cache_bytes
+            )
+            if estimate.total(PASS_PHASES[field]) <= budget:
+                break
+        plan = candidate  # the last one tried: the one that fits, else 1
+        sized.append((micro.key, size))
+    return dataclasses.replace(plan, old_log_prob_source=source, sized_by_memory=plan.sized_by_memory + tuple(sized))
 
 
 # ------------------------------------------------------------------------------------------------ the check
@@ -528,49 +558,51 @@ def ppo_model_shapes(config: DictConfig, critic: bool) -> dict[str, ModelShape]:
     return shapes
 
 
-# The keys that shrink a run, in the order they are suggested: (key, kind); kind "size" keys are searched for the
-# largest value that fits, "flag" keys are tried switched on, "down" keys (floats) for the largest value that fits.
-def _remedies(config: DictConfig, device: str) -> list[tuple[str, str]]:
-    arr, critic = config.actor_rollout_ref, config.critic
+def _remedies(plan: RunPlan) -> list[tuple[str, str]]:
+    """The keys that shrink the run, in the order they are suggested: (key, kind); "size" keys are searched for the
+    largest value that fits, "flag" keys tried switched on, "down" keys (floats) searched for the largest value that
+    fits. A micro-batch the estimate sized is left out: it is already the largest that fits, or 1."""
+    sized = dict(plan.sized_by_memory)
     keys = []
-    if arr.actor.use_dynamic_bsz:
-        keys.append(("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "size"))
-    else:
-        keys.append(("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "size"))
-    for node in ("rollout", "ref"):
-        if arr[node].log_prob_use_dynamic_bsz:
-            keys.append((f"actor_rollout_ref.{node}.log_prob_max_token_len_per_gpu", "size"))
-        else:
-            keys.append((f"actor_rollout_ref.{node}.log_prob_micro_batch_size_per_gpu", "size"))
-    if critic.use_dynamic_bsz:
-        keys += [("critic.ppo_max_token_len_per_gpu", "size"), ("critic.forward_max_token_len_per_gpu", "size")]
-    else:
-        keys += [("critic.ppo_micro_batch_size_per_gpu", "size"), ("critic.forward_micro_batch_size_per_gpu", "size")]
-    keys += [
-        ("actor_rollout_ref.model.enable_gradient_checkpointing", "flag"),
-        ("critic.model.enable_gradient_checkpointing", "flag"),
-        ("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "flag"),
-        ("actor_rollout_ref.rollout.free_cache_engine", "flag"),
-        ("actor_rollout_ref.rollout.micro_batch_size", "size"),
-    ]
-    if device == "cuda":
+    for micro, _ in _planned_passes(plan).values():
+        if micro.dynamic or micro.key not in sized:  # a token budget's key, or a size the user chose
+            keys.append((micro.key, "size"))
+    keys.append(("actor_rollout_ref.model.enable_gradient_checkpointing", "flag"))
+    if plan.use_critic:
+        keys.append(("critic.model.enable_gradient_checkpointing", "flag"))
+    keys.append(("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "flag"))
+    if plan.rollout_engine == "hf":
         keys += [
-            ("actor_rollout_ref.rollout.gpu_memory_utilization", "down"),
+            ("actor_rollout_ref.rollout.free_cache_engine", "flag"),
+            ("actor_rollout_ref.rollout.micro_batch_size", "size"),
+        ]
+    if plan.device == "cuda":
+        if plan.rollout_engine == "vllm":
+            keys += [
+                ("actor_rollout_ref.rollout.free_cache_engine", "flag"),
+                ("actor_rollout_ref.rollout.gpu_memory_utilization", "down"),
+            ]
+        keys += [
             ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", "flag"),
             ("actor_rollout_ref.actor.fsdp_config.param_offload", "flag"),
-            ("actor_rollout_ref.ref.fsdp_config.param_offload", "flag"),
-            ("critic.model.fsdp_config.optimizer_offload", "flag"),
-            ("critic.model.fsdp_config.param_offload", "flag"),
         ]
+        if plan.use_reference_policy:
+            keys.append(("actor_rollout_ref.ref.fsdp_config.param_offload", "flag"))
+        if plan.use_critic:
+            keys += [
+                ("critic.model.fsdp_config.optimizer_offload", "flag"),
+                ("critic.model.fsdp_config.param_offload", "flag"),
+            ]
     keys.append(("actor_rollout_ref.rollout.n", "size"))
     return keys
 
 
-def suggest_fixes(config: DictConfig, device: str, estimate_with, capacity: int, current_peak: int) -> list[str]:
-    """Single-key changes, each re-estimated (`estimate_with(config)` -> MemoryEstimate): the largest value of a size
-    key (or the switch) that fits, else what it saves."""
+def suggest_fixes(config: DictConfig, plan: RunPlan, estimate_with, capacity: int, current_peak: int) -> list[str]:
+    """Single-key changes, each re-estimated (`estimate_with(changed_config)` -> MemoryEstimate, the changed config
+    planned and its unset micro-batches sized as the run would): the largest value of a size key (or the switch)
+    that fits, else what it saves."""
     fixes = []
-    for key, kind in _remedies(config, device):
+    for key, kind in _remedies(plan):
         value = OmegaConf.select(config, key)
         if kind == "flag":
             if value:
@@ -584,7 +616,7 @@ def suggest_fixes(config: DictConfig, device: str, estimate_with, capacity: int,
             top = value
             candidates = [round(value * k / 20, 2) for k in range(19, 0, -1)]
         else:
-            top = value or _current_size(config, key)
+            top = value or _current_size(config, plan, key)
             if not top or top <= 1:
                 continue
             candidates = sorted({max(1, top * k // 16) for k in range(15, 0, -1)} | {1}, reverse=True)
@@ -606,15 +638,14 @@ def suggest_fixes(config: DictConfig, device: str, estimate_with, capacity: int,
     return fixes
 
 
-def _current_size(config: DictConfig, key: str) -> int | None:
-    """A null micro-batch size means the whole share of the rank: its value for the search."""
-    ranks = config.trainer.nnodes * config.trainer.n_gpus_per_node
-    rows = config.data.train_batch_size * config.actor_rollout_ref.rollout.n // ranks
-    if key.endswith("ppo_micro_batch_size_per_gpu"):
-        node = config.critic if key.startswith("critic") else config.actor_rollout_ref.actor
-        return node.ppo_mini_batch_size * config.actor_rollout_ref.rollout.n // ranks
-    if key.endswith("micro_batch_size_per_gpu") or key.endswith("rollout.micro_batch_size"):
-        return rows
+def _current_size(config: DictConfig, plan: RunPlan, key: str) -> int | None:
+    """What an unset size key means, for the search: the planned micro-batch (or the whole share of its pass), or
+    the sequences the HF engine decodes at once."""
+    if key == "actor_rollout_ref.rollout.micro_batch_size":
+        return _generate_rows(config, plan)
+    for micro, share in _planned_passes(plan).values():
+        if micro.key == key:
+            return micro.size or share
     return None
 
 
@@ -626,56 +657,79 @@ def _peak_with(config: DictConfig, estimate_with, key: str, value) -> int:
 
 
 def check_ppo_memory(
-    config: DictConfig, device: str, facts: RunFacts, shapes: dict[str, ModelShape] | None = None, critic: bool = False
-) -> MemoryEstimate | None:
-    """Print the per-rank estimate and, per `trainer.memory_check`, refuse (ConfigError) or warn when the peak does
-    not fit the capacity (`trainer.memory_per_rank_gb`, else the device's). None when the models' shapes cannot be
-    read (the workers then report the model's problem themselves)."""
+    config: DictConfig,
+    plan: RunPlan,
+    shapes: dict[str, ModelShape] | None = None,
+    vllm_cpu_kv_cache_bytes: int | None = None,
+) -> tuple[RunPlan, MemoryEstimate | None]:
+    """Size the micro-batches the config leaves unset from the per-rank estimate (`size_micro_batches`), print the
+    estimate and, per `trainer.memory_check`, refuse (ConfigError) or warn when its peak does not fit the capacity
+    (`trainer.memory_per_rank_gb`, else the device's). Returns (the plan to run, the estimate); with
+    memory_check=off, or when the models' shapes cannot be read (the workers then report the model's problem
+    themselves), (the plan unchanged, None)."""
     trainer = config.trainer
     mode = trainer.memory_check
     if mode == "off":
-        return None
+        return plan, None
     if shapes is None:
         try:
-            shapes = ppo_model_shapes(config, critic)
+            shapes = ppo_model_shapes(config, plan.use_critic)
         except Exception as err:  # a broken or unusual model directory: loading it will say what is wrong
             print(f"[memory] no estimate: cannot build the model's shape ({type(err).__name__}: {err})")
-            return None
+            return plan, None
     if trainer.memory_per_rank_gb is not None:
         capacity, source = int(trainer.memory_per_rank_gb * GIB), "trainer.memory_per_rank_gb"
     else:
-        capacity, source = device_capacity(device, trainer.n_gpus_per_node)
+        capacity, source = device_capacity(plan.device, plan.ranks_per_node)
 
-    def estimate_with(cfg: DictConfig) -> MemoryEstimate:
-        return estimate_ppo_memory(cfg, device, shapes, facts, capacity, source)
+    def sized_estimate(cfg: DictConfig, cfg_plan: RunPlan) -> tuple[RunPlan, MemoryEstimate]:
+        sized = size_micro_batches(cfg, cfg_plan, shapes, capacity, vllm_cpu_kv_cache_bytes)
+        return sized, estimate_ppo_memory(cfg, sized, shapes, capacity, source, vllm_cpu_kv_cache_bytes)
 
-    estimate = estimate_with(config)
+    def replanned(changed: DictConfig) -> MemoryEstimate:
+        from verl.trainer.ppo.run_plan import plan_run  # not on top: its imports (the schema) import this module
+
+        return sized_estimate(changed, plan_run(changed, plan.device, shapes["actor"].parameters))[1]
+
+    plan, estimate = sized_estimate(config, plan)
+    if plan.sized_by_memory:
+        print("[memory] sized by the estimate: " + ", ".join(f"{key}={n}" for key, n in plan.sized_by_memory))
     print(estimate.summary())
     if estimate.peak <= WARN_SHARE * capacity:
-        return estimate
+        return plan, estimate
     if estimate.fits():
         print(
             f"[memory] warning: the estimated peak is {estimate.peak / capacity:.0%} of the capacity; little "
             "room is left for what the estimate leaves out (the allocator's caches, fragmentation)"
         )
-        return estimate
-    fixes = suggest_fixes(config, device, estimate_with, capacity, estimate.peak)
+        return plan, estimate
+    fixes = suggest_fixes(config, plan, replanned, capacity, estimate.peak)
+    # The peak phase's micro-batch, when the sizing already took it down to one sequence.
+    phase_keys = {micro.key: PASS_PHASES[field] for field, (micro, _) in _planned_passes(plan).items()}
+    at_one = next(
+        (key for key, n in plan.sized_by_memory if n == 1 and phase_keys.get(key) == estimate.peak_phase), None
+    )
     message = (
         f"the run needs about {gib(estimate.peak)} per rank in {estimate.peak_phase}, more than the "
         f"{gib(capacity)} a rank has ({source}): {estimate.phase_line(estimate.peak_phase, aligned=False)}.\n"
-        "Single changes, each re-estimated:\n  "
+        + (
+            f"That is at one sequence per micro-batch ({at_one} was unset; the estimate sized it to 1): a "
+            "smaller micro-batch cannot help.\n"
+            if at_one
+            else ""
+        )
+        + "Single changes, each re-estimated (unset micro-batches sized again):\n  "
         + (
             "\n  ".join(fixes)
             if fixes
-            else "none of the batch keys helps: use more ranks "
-            "(trainer.n_gpus_per_node, trainer.nnodes) or a smaller model"
+            else "none of these keys helps: use more ranks (trainer.n_gpus_per_node, trainer.nnodes) or a smaller model"
         )
         + "\nOr set trainer.memory_check=warn to start anyway (the estimate assumes every prompt and "
         "response at its maximum length)."
     )
     if mode == "warn":
         print(f"[memory] warning: {message}")
-        return estimate
+        return plan, estimate
     raise ConfigError(message)
 
 

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
@@ -31,13 +31,7 @@ from verl.utils.lora import apply_lora, lora_scaling, merge_lora_items
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 from verl.workers.rollout.agent_loop import build_agent_loop
-from verl.workers.rollout.base import (
-    SamplingParams,
-    generate_sequences,
-    get_rollout_cls,
-    resolve_rollout_name,
-    uses_agent_loop,
-)
+from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
 from verl.workers.rollout.shared import NodeSharedEngine
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -52,12 +46,6 @@ def full_state_dict_items(module: torch.nn.Module):
         if isinstance(tensor, DTensor):
             tensor = tensor.full_tensor()
         yield name, tensor.detach()
-
-
-# share_cpu_engine=null shares the HF engine from this many actor parameters on: a model of hundreds of MB no cache
-# holds, decoded at a rate set by memory bandwidth (measured: a 344K-parameter model decodes faster with one engine per
-# rank, the Qwen2.5-0.5B shape faster with one shared engine; benchmarks/README.md).
-SHARED_ENGINE_MIN_PARAMETERS = 50_000_000
 
 
 def gather_state_dict_into(module: torch.nn.Module, targets: dict[str, torch.Tensor] | None,
@@ -111,7 +99,7 @@ def _gather_one(tensor: torch.Tensor, target: torch.Tensor | None, dst: int | No
     if target is not None and not (target.is_contiguous() and target.dtype == shard.dtype):
         out = torch.empty(target.shape, dtype=shard.dtype, device=shard.device)
     if dst is None:
-        dist.all_gather_single(out.view(-1), shard, group=group)
+        dist.all_gather_into_tensor(out.view(-1), shard, group=group)
     else:
         chunks = list(out.view(-1).chunk(dist.get_world_size(group))) if out is not None else None
         dist.gather(shard, chunks, dst=dst, group=group)
@@ -178,16 +166,17 @@ def save_checkpoint_dir(local_path: str, rank: int, world_size: int, module: tor
 
 
 class ActorRolloutRefWorker(Worker):
-    """Holds the models of one rank. `config` is the `actor_rollout_ref` node of the trainer config."""
+    """Holds the models of one rank. `config` is the `actor_rollout_ref` node of the trainer config, as the user wrote
+    it; `plan` is the run's plan (verl/trainer/ppo/run_plan.py): device, engine, per-rank batch sizes, dtypes."""
 
-    def __init__(self, config: DictConfig, role: str, device: str = "cpu", seed: int = 0,
-                 plugins: list[str] | None = None):
+    def __init__(self, config: DictConfig, role: str, plan, seed: int = 0, plugins: list[str] | None = None):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"unknown worker role {role!r}; expected one of {ROLES}")
         self.config = copy.deepcopy(config)
         self.role = role
-        self.device = device
+        self.plan = plan
+        self.device = device = plan.device
         self.seed = seed
         # Optimizer state in host memory between updates (CUDA; on CPU it is there anyway).
         self._offload_optimizer = device == "cuda" and bool(config.actor.fsdp_config.get("optimizer_offload"))
@@ -197,19 +186,6 @@ class ActorRolloutRefWorker(Worker):
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
         start_rank(self, device, seed)
-        self._normalize_batch_sizes()
-
-    def _normalize_batch_sizes(self):
-        """Turn the global, per-prompt batch sizes of the config into sequences per rank (as verl does)."""
-        actor, n = self.config.actor, self.config.rollout.n
-        with open_dict(self.config):
-            if self._is_actor:
-                actor.ppo_mini_batch_size = actor.ppo_mini_batch_size * n // self.world_size
-                if actor.ppo_micro_batch_size is not None:
-                    actor.ppo_micro_batch_size_per_gpu = max(1, actor.ppo_micro_batch_size // self.world_size)
-            for node in (self.config.rollout, self.config.ref):
-                if node.get("log_prob_micro_batch_size") is not None:
-                    node.log_prob_micro_batch_size_per_gpu = max(1, node.log_prob_micro_batch_size // self.world_size)
 
     # ------------------------------------------------------------------------------------------------- models
     def _load_hf_model(self):
@@ -232,6 +208,7 @@ class ActorRolloutRefWorker(Worker):
         """Load the HF model, shard the actor and reference with FSDP2, build the optimizer and the rollout engine."""
         from transformers import AutoTokenizer
 
+        plan = self.plan
         self._torch_device = rank_device(self.device)
         self._mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("fsdp",))
         model_cfg = self.config.model
@@ -245,27 +222,29 @@ class ActorRolloutRefWorker(Worker):
             if self._lora:
                 model = apply_lora(model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules,
                                    model_cfg.get("exclude_modules"))
-            self.actor_module = shard_model(model, self._mesh, self.device, self.config.actor.fsdp_config)
+            self.actor_module = shard_model(model, self._mesh, self.device, self.config.actor.fsdp_config,
+                                            compute_dtype=plan.compute_dtype)
             self.actor_optimizer, self.actor_lr_scheduler = optimizer_from_config(self.actor_module,
                                                                             self.config.actor.optim)
             self.actor = DataParallelPPOActor(self.config.actor, self.actor_module, self.actor_optimizer,
-                                              use_remove_padding=model_cfg.use_remove_padding)
+                                              use_remove_padding=plan.remove_padding, batches=plan.actor_update)
         if self._is_ref and self._lora:  # the base model is the actor with its adapter switched off
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.actor_module,
-                                                   use_remove_padding=model_cfg.use_remove_padding)
+                                                   use_remove_padding=plan.remove_padding)
         elif self._is_ref:
             ref_model = self._load_hf_model()
             ref_model.requires_grad_(False)
-            self.ref_module = shard_model(ref_model, self._mesh, self.device, self.config.ref.fsdp_config)
+            self.ref_module = shard_model(ref_model, self._mesh, self.device, self.config.ref.fsdp_config,
+                                          compute_dtype=plan.compute_dtype)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module,
-                                                   use_remove_padding=model_cfg.use_remove_padding)
+                                                   use_remove_padding=plan.remove_padding)
         if self._is_rollout:
             rollout = self.config.rollout
-            name = resolve_rollout_name(rollout.name, self.device)
+            name = plan.rollout_engine
             # The HF engine samples from the rank's torch RNG (which checkpoints save); vLLM has its own seed, the
             # same on the ranks of one tensor-parallel group (they are one engine).
             seed = None if name == "hf" else rollout.seed + self.rank // rollout.tensor_model_parallel_size
-            shared = self._shares_cpu_engine(name)
+            shared = plan.share_cpu_engine
             engine = None
             if not shared or self.rank == 0:
                 engine = get_rollout_cls(name).build(
@@ -277,33 +256,10 @@ class ActorRolloutRefWorker(Worker):
                     hf_overrides=OmegaConf.to_container(model_cfg.override_config, resolve=True))
             self.rollout = NodeSharedEngine(engine, torch.get_num_threads() * self.world_size) if shared else engine
             self.agent_loop = None  # on a shared engine, only rank 0 runs the loop (and its tools)
-            if uses_agent_loop(self.config.rollout) and engine is not None:
+            if plan.agent_loop and engine is not None:
                 self.agent_loop = build_agent_loop(self.rollout, self.tokenizer, self.config.rollout, self.rank)
             if self._is_actor:
                 self._sync_rollout_weights()
-
-    def _shares_cpu_engine(self, name: str) -> bool:
-        """Whether this group's ranks use one HF engine on rank 0 (`rollout.share_cpu_engine`; see
-        verl/workers/rollout/shared.py): when asked for, and by default for the HF engine on CPU when the actor is
-        large enough for decoding to be bound by reading its weights; only with every rank on one node (a
-        collective)."""
-        setting = self.config.rollout.share_cpu_engine
-        if setting and (name != "hf" or self.device != "cpu"):
-            raise ValueError(f"actor_rollout_ref.rollout.share_cpu_engine=true needs the hf engine on CPU (here "
-                             f"{name} on {self.device}); set it to null or false")
-        if setting is None:
-            parameters = sum(p.numel() for p in self.actor_module.parameters()) if self._is_actor else 0
-            setting = None if parameters >= SHARED_ENGINE_MIN_PARAMETERS else False
-        if setting is False or self.world_size == 1 or name != "hf" or self.device != "cpu":
-            return False
-        hosts = [None] * self.world_size
-        dist.all_gather_object(hosts, socket.gethostname())
-        if len(set(hosts)) > 1:
-            if setting:
-                raise ValueError(f"actor_rollout_ref.rollout.share_cpu_engine=true needs every rank on one node; "
-                                 f"the ranks run on {sorted(set(hosts))}")
-            return False
-        return True
 
     def _sync_rollout_weights(self) -> float:
         """Push the actor's current weights into the rollout engine; returns the seconds it took."""
@@ -375,17 +331,18 @@ class ActorRolloutRefWorker(Worker):
         return [output[int(a):int(b)] for a, b in zip(bounds[:-1], bounds[1:])]
 
     # ------------------------------------------------------------------------------------------- log-probs
-    def _log_prob_meta(self, data: DataProto, node) -> None:
+    def _log_prob_meta(self, data: DataProto, micro) -> None:
+        """The planned micro-batches of a log-prob pass (`plan.actor_log_prob` or `plan.ref_log_prob`)."""
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
-        data.meta_info["micro_batch_size"] = node.log_prob_micro_batch_size_per_gpu
-        data.meta_info["use_dynamic_bsz"] = node.log_prob_use_dynamic_bsz
-        data.meta_info["max_token_len"] = node.log_prob_max_token_len_per_gpu
+        data.meta_info["micro_batch_size"] = micro.size
+        data.meta_info["use_dynamic_bsz"] = micro.dynamic
+        data.meta_info["max_token_len"] = micro.max_token_len
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """`old_log_probs` and `entropys` of the responses under the current actor weights, and with
         actor.calculate_sum_pi_squared the `sum_pi_squared` the optimal token baseline reads."""
-        self._log_prob_meta(data, self.config.rollout)
+        self._log_prob_meta(data, self.plan.actor_log_prob)
         with_sum_pi_squared = bool(self.config.actor.calculate_sum_pi_squared)
         log_probs, entropys, *extra = self.actor.compute_log_prob(data, calculate_entropy=True,
                                                                   calculate_sum_pi_squared=with_sum_pi_squared)
@@ -397,7 +354,7 @@ class ActorRolloutRefWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """`ref_log_prob` of the responses under the frozen reference model."""
-        self._log_prob_meta(data, self.config.ref)
+        self._log_prob_meta(data, self.plan.ref_log_prob)
         with self.actor_module.disable_adapter() if self._lora else contextlib.nullcontext():
             log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
@@ -470,25 +427,16 @@ class CriticWorker(Worker):
     schedule. `config` is the trainer config's `critic` node, with `model.path` and `model.tokenizer_path` filled in
     (the trainer puts the actor's there when they are null)."""
 
-    def __init__(self, config: DictConfig, device: str = "cpu", seed: int = 0, plugins: list[str] | None = None):
+    def __init__(self, config: DictConfig, plan, seed: int = 0, plugins: list[str] | None = None):
         super().__init__()
         self.config = copy.deepcopy(config)
-        self.device = device
+        self.plan = plan
+        self.device = device = plan.device
         self.seed = seed
         self._offload_optimizer = device == "cuda" and bool(config.model.fsdp_config.get("optimizer_offload"))
         import_external_libs(config.model.get("external_lib"))
         import_external_libs(plugins, key="trainer.plugins")
         start_rank(self, device, seed)
-        self._normalize_batch_sizes()
-
-    def _normalize_batch_sizes(self):
-        """The global, per-prompt batch sizes of the config as sequences per rank (as verl does)."""
-        cfg = self.config
-        with open_dict(cfg):
-            cfg.ppo_mini_batch_size = cfg.ppo_mini_batch_size * cfg.rollout_n // self.world_size
-            for kind in ("ppo", "forward"):
-                if cfg[f"{kind}_micro_batch_size"] is not None:
-                    cfg[f"{kind}_micro_batch_size_per_gpu"] = max(1, cfg[f"{kind}_micro_batch_size"] // self.world_size)
 
     def _load_value_model(self):
         """The model at critic.model.path with a scalar value head: verl's AutoModelForTokenClassification with
@@ -526,10 +474,13 @@ class CriticWorker(Worker):
         model = self._load_value_model()
         if model_cfg.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.critic_module = shard_model(model, self._mesh, self.device, model_cfg.fsdp_config)
+        plan = self.plan
+        self.critic_module = shard_model(model, self._mesh, self.device, model_cfg.fsdp_config,
+                                         compute_dtype=plan.critic_compute_dtype)
         self.critic_optimizer, self.critic_lr_scheduler = optimizer_from_config(self.critic_module, self.config.optim)
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
-                                            use_remove_padding=model_cfg.use_remove_padding)
+                                            use_remove_padding=plan.critic_remove_padding,
+                                            batches=plan.critic_update, forward=plan.critic_forward)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:

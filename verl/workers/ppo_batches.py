@@ -41,19 +41,22 @@ def micro_batch_weights(mini_batch, micro_batches, loss_agg_mode: str) -> list[t
     return [micro["response_mask"].sum() * world / tokens.to(micro["response_mask"].device) for micro in micro_batches]
 
 
-def ppo_mini_batches(batch: TensorDict, config) -> Iterator[list[tuple[TensorDict, torch.Tensor | float]]]:
+def ppo_mini_batches(batch: TensorDict, config, batches) -> Iterator[list[tuple[TensorDict, torch.Tensor | float]]]:
     """The mini-batches of a PPO update, in order, each as its (micro_batch, loss weight) pairs; the caller takes
     one optimizer step after each.
 
-    `config` is the actor's or the critic's node; read: ppo_epochs, shuffle (epoch e uses the permutation of seed e),
-    ppo_mini_batch_size (sequences per rank), ppo_micro_batch_size_per_gpu, use_dynamic_bsz with
-    ppo_max_token_len_per_gpu, and loss_agg_mode (`micro_batch_weights`).
+    `config` is the actor's or the critic's node; read: ppo_epochs, shuffle (epoch e uses the permutation of seed e)
+    and loss_agg_mode (`micro_batch_weights`). `batches` is the plan's `UpdateBatches` of that model
+    (verl/trainer/ppo/run_plan.py): `mini_batch` sequences per rank, cut into `micro` micro-batches (sequences, or a
+    token budget with use_dynamic_bsz).
     """
-    max_token_len = config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else None
+    if batches is None:
+        raise ValueError("a PPO update needs its planned batch sizes (run_plan.UpdateBatches); this model was built "
+                         "without them, for forward passes only")
     for epoch in range(config.ppo_epochs):
         if config.shuffle:
             generator = torch.Generator().manual_seed(epoch)
             batch = batch[torch.randperm(batch.batch_size[0], generator=generator)]
-        for mini_batch in batch.split(config.ppo_mini_batch_size):
-            micro_batches, _ = split_micro_batches(mini_batch, config.ppo_micro_batch_size_per_gpu, max_token_len)
+        for mini_batch in batch.split(batches.mini_batch):
+            micro_batches, _ = split_micro_batches(mini_batch, batches.micro.size, batches.micro.max_token_len)
             yield list(zip(micro_batches, micro_batch_weights(mini_batch, micro_batches, config.loss_agg_mode)))

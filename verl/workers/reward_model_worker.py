@@ -67,22 +67,20 @@ def token_scores(head: torch.nn.Module):
 
 
 class RewardModelWorker(Worker):
-    """Holds one rank of the reward model. `config` is the `reward_model` node of the trainer config."""
+    """Holds one rank of the reward model. `config` is the `reward_model` node of the trainer config; `plan` the run's
+    plan (verl/trainer/ppo/run_plan.py: the device and this rank's micro-batches)."""
 
-    def __init__(self, config: DictConfig, device: str = "cpu", plugins: list[str] | None = None):
+    def __init__(self, config: DictConfig, plan, plugins: list[str] | None = None):
         super().__init__()
         self.config = copy.deepcopy(config)
-        self.device = device
+        self.device = device = plan.device
         import_external_libs(config.model.get("external_lib"), key="reward_model.model.external_lib")
         import_external_libs(plugins, key="trainer.plugins")
         self.init_process_group(device)
         if device == "cuda":
             # Ray shows each actor only its own GPU, so local ranks map onto the visible devices.
             torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
-        # verl's deprecated global micro batch becomes sequences per rank.
-        self.micro_batch_size = config.micro_batch_size_per_gpu
-        if config.micro_batch_size is not None:
-            self.micro_batch_size = max(1, config.micro_batch_size // self.world_size)
+        self.micro = plan.reward_model_forward
         self._warned_no_raw_prompt = False
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
@@ -95,8 +93,7 @@ class RewardModelWorker(Worker):
         hf_logging.disable_progress_bar()
         model_cfg = self.config.model
         path = os.path.expanduser(model_cfg.path)
-        self._torch_device = (torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda"
-                              else torch.device("cpu"))
+        self._torch_device = self.batch_device
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
         self.input_tokenizer = None  # set when the RM cannot read the policy's tokens
         if model_cfg.get("input_tokenizer"):
@@ -183,21 +180,21 @@ class RewardModelWorker(Worker):
 
     @torch.no_grad()
     def _scores(self, rows: list[list[int]]) -> torch.Tensor:
-        """`(len(rows),)` float32 scores: the model's output on each row's last token, in micro-batches of
-        `micro_batch_size_per_gpu` rows or, with use_dynamic_bsz, of at most forward_max_token_len_per_gpu tokens."""
+        """`(len(rows),)` float32 scores: the model's output on each row's last token, in the planned micro-batches
+        (`reward_model.micro_batch_size_per_gpu` rows or, with use_dynamic_bsz, at most forward_max_token_len_per_gpu
+        tokens). The rows are built here, on the rank's device."""
         lengths = torch.tensor([len(ids) for ids in rows])
         input_ids = pad_2d_list_to_tensor(rows, self.pad_token_id)  # right padding: row b ends at lengths[b] - 1
         attention_mask = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long()
         batch = TensorDict({"input_ids": input_ids, "attention_mask": attention_mask, "length": lengths},
-                           batch_size=[len(rows)])
-        max_token_len = self.config.forward_max_token_len_per_gpu if self.config.use_dynamic_bsz else None
-        micro_batches, index_map = split_micro_batches(batch, self.micro_batch_size, max_token_len)
+                           batch_size=[len(rows)], device=self._torch_device)
+        size, max_token_len = (self.micro.size, self.micro.max_token_len) if self.micro else (None, None)
+        micro_batches, index_map = split_micro_batches(batch, size, max_token_len)
         scores = []
         for micro in micro_batches:
-            micro = micro.to(self._torch_device)
             width = int(micro["length"].max())  # the columns after it are padding in every row
             scores.append(self._forward(micro["input_ids"][:, :width], micro["attention_mask"][:, :width],
-                                        micro["length"]).float().cpu())
+                                        micro["length"]).float())
         reshard_all(self.module)  # with reshard_after_forward=false, no backward pass would free them
         return restore_order(torch.cat(scores), index_map)
 
@@ -211,7 +208,7 @@ class RewardModelWorker(Worker):
         scores = self._scores(rows)
         prompt_len = data.batch["prompts"].shape[-1]
         response_mask = data.batch["attention_mask"][:, prompt_len:]
-        rm_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
-        rm_scores[torch.arange(len(data)), last_valid_position(response_mask).cpu()] = scores
+        rm_scores = torch.zeros(response_mask.shape, dtype=torch.float32, device=scores.device)
+        rm_scores[torch.arange(len(data), device=scores.device), last_valid_position(response_mask)] = scores
         return DataProto.from_dict(tensors={"rm_scores": rm_scores},
                                    meta_info={"metrics": {"reward_model/truncated_fraction": [truncated / len(data)]}})

@@ -1,17 +1,21 @@
-"""Which pass gives the PPO ratio its old log-probs (algorithm.rollout_correction.bypass_mode)."""
+"""The run plan (verl/trainer/ppo/run_plan.py): what a run derives from its config, decided once. First which pass
+gives the PPO ratio its old log-probs (algorithm.rollout_correction.bypass_mode), then the rest of the plan."""
+
+import dataclasses
 
 import pytest
+from omegaconf import OmegaConf
 
 from verl.trainer.config import load_config
 from verl.trainer.ppo.config_rules import validate_ppo_config
-from verl.trainer.ppo.ray_trainer import old_log_prob_source
+from verl.trainer.ppo.run_plan import SHARED_ENGINE_MIN_PARAMETERS, MicroBatches, plan_run
 from verl.utils.config import ConfigError
 
 BASE = ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
 
 
-def _source(*overrides, rows=8, device="cpu"):
-    return old_log_prob_source(load_config(overrides=[*BASE, *overrides]), rows, device)
+def _source(*overrides, device="cpu"):
+    return plan_run(load_config(overrides=[*BASE, *overrides]), device).old_log_prob_source
 
 
 def test_auto_skips_the_pass_for_an_on_policy_update():
@@ -53,3 +57,67 @@ def test_auto_recomputes_when_the_step_needs_the_actors_own_pass(overrides):
     """Rollout correction compares the actor's log-probs with the engine's; the optimal token baseline reads the
     actor's sum of squared probabilities. Both need the pass even where auto would skip it."""
     assert _source(*overrides) == "recompute"
+
+
+# ------------------------------------------------------------------------------------------------ the rest of the plan
+def _plan(*overrides, device="cpu", parameters=None):
+    return plan_run(load_config(overrides=list(overrides)), device, parameters)
+
+
+def test_per_rank_sizes_are_planned_and_the_config_keeps_the_users_meaning():
+    overrides = ["data.train_batch_size=8", "actor_rollout_ref.rollout.n=4", "trainer.nnodes=2",
+                 "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+    config = load_config(overrides=overrides)
+    before = OmegaConf.to_yaml(config)
+    plan = plan_run(config, "cpu")
+    assert (plan.n_ranks, plan.rows_per_rank) == (4, 8 * 4 // 4)
+    assert plan.actor_update.mini_batch == 4 * 4 // 4  # prompts x n / ranks
+    assert plan.actor_update.micro == MicroBatches(2, None, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+    assert plan.actor_log_prob.size is None  # unset: the memory estimate sizes it (main_ppo.plan_ppo_run)
+    assert OmegaConf.to_yaml(config) == before  # nothing rewritten in place
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.n_ranks = 1
+
+
+def test_deprecated_global_micro_batches_and_token_budgets():
+    plan = _plan("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+                 "actor_rollout_ref.rollout.log_prob_micro_batch_size=6")
+    assert plan.actor_update.micro.size == 4 and plan.actor_log_prob.size == 3  # global / ranks
+    dynamic = _plan("actor_rollout_ref.actor.use_dynamic_bsz=true",
+                    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3000")
+    assert dynamic.actor_update.micro.dynamic and dynamic.actor_update.micro.max_token_len == 3000
+    assert dynamic.actor_log_prob.max_token_len == 3000  # the YAML's interpolation: the rollout's follows the actor's
+    assert dynamic.actor_update.micro.size is None
+
+
+def test_which_passes_and_processes_run():
+    grpo = _plan()
+    assert (grpo.use_reference_policy, grpo.use_critic, grpo.use_reward_model, grpo.processes_per_rank) == (
+        False, False, False, 1)
+    ppo = _plan("algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true")
+    assert (ppo.use_reference_policy, ppo.use_critic, ppo.processes_per_rank) == (True, True, 2)
+    assert ppo.critic_update.mini_batch == ppo.actor_update.mini_batch
+    assert ppo.critic_forward.key == "critic.forward_micro_batch_size_per_gpu"
+
+
+def test_engine_dtypes_and_remove_padding_come_from_one_place():
+    cpu, cuda = _plan(), _plan(device="cuda")
+    assert (cpu.rollout_engine, cpu.compute_dtype, cpu.param_dtype) == ("hf", "float32", "float32")
+    assert cuda.compute_dtype == "bfloat16"  # fsdp_config.dtype's default, on CUDA only
+    assert _plan("actor_rollout_ref.actor.fsdp_config.dtype=fp16", device="cuda").compute_dtype == "float16"
+    assert cpu.remove_padding is True  # the YAML's default, not a constructor's
+    assert _plan("actor_rollout_ref.model.use_remove_padding=false").remove_padding is False
+
+
+def test_shared_cpu_engine():
+    two = ("trainer.n_gpus_per_node=2",)
+    assert _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS).share_cpu_engine
+    assert not _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS - 1).share_cpu_engine
+    assert not _plan("trainer.n_gpus_per_node=1", parameters=SHARED_ENGINE_MIN_PARAMETERS).share_cpu_engine
+    assert not _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS, device="cuda").share_cpu_engine
+    assert _plan(*two, "actor_rollout_ref.rollout.share_cpu_engine=true").share_cpu_engine
+    with pytest.raises(ConfigError, match="share_cpu_engine=true needs the hf engine on CPU"):
+        _plan(*two, "actor_rollout_ref.rollout.share_cpu_engine=true", device="cuda")
+    with pytest.raises(ConfigError, match="needs every rank on one node"):
+        _plan(*two, "trainer.nnodes=2", "actor_rollout_ref.rollout.share_cpu_engine=true")

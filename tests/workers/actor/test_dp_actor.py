@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.protocol import DataProto
+from verl.trainer.ppo.run_plan import MicroBatches, UpdateBatches
 from verl.utils.torch_functional import logprobs_from_logits
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 
@@ -35,6 +36,16 @@ def _config(**overrides):
     }
     cfg.update(overrides)
     return OmegaConf.create(cfg)
+
+
+def _actor(cfg, model, optimizer=None, use_remove_padding=False):
+    """The actor, its planned batches read from the test config's ppo_* keys as per-rank sizes (what the run plan
+    makes of a one-rank run's config)."""
+    dynamic = cfg.use_dynamic_bsz
+    micro = MicroBatches(None if dynamic else cfg.ppo_micro_batch_size_per_gpu,
+                         cfg.ppo_max_token_len_per_gpu if dynamic else None, "ppo_micro_batch_size_per_gpu")
+    return DataParallelPPOActor(cfg, model, optimizer, use_remove_padding=use_remove_padding,
+                                batches=UpdateBatches(cfg.ppo_mini_batch_size, micro))
 
 
 def _batch(model):
@@ -66,7 +77,7 @@ def _batch(model):
 def _update(model, data, **overrides):
     model = copy.deepcopy(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    actor = DataParallelPPOActor(_config(**overrides), model, optimizer)
+    actor = _actor(_config(**overrides), model, optimizer)
     metrics = actor.update_policy(data)
     return model, metrics
 
@@ -91,7 +102,7 @@ def test_micro_batches_give_the_full_batch_update(overrides, assert_same_update)
 def test_compute_log_prob_matches_forward_and_restores_order_with_dynamic_bsz():
     model = _model()
     data = _batch(model)
-    actor = DataParallelPPOActor(_config(), model)
+    actor = _actor(_config(), model)
     data.meta_info.update(micro_batch_size=None, use_dynamic_bsz=False)
     full, entropy = actor.compute_log_prob(data, calculate_entropy=True)
     data.meta_info.update(use_dynamic_bsz=True, max_token_len=22)
@@ -127,7 +138,7 @@ def test_skipped_steps_are_counted_in_a_row_across_updates():
     data = _batch(model)
     data.batch["advantages"][4, 0] = float("nan")
     module = copy.deepcopy(model)
-    actor = DataParallelPPOActor(_config(ppo_mini_batch_size=3), module, torch.optim.SGD(module.parameters(), lr=0.0))
+    actor = _actor(_config(ppo_mini_batch_size=3), module, torch.optim.SGD(module.parameters(), lr=0.0))
     first = actor.update_policy(data)
     assert math.isfinite(first["actor/grad_norm"][0]) and math.isnan(first["actor/grad_norm"][1])
     assert first["actor/skipped_steps"] == [1.0] and first["actor/skipped_steps_in_row"] == [1.0]
@@ -211,7 +222,7 @@ def test_on_policy_update_without_old_log_probs_equals_the_recomputed_pass(overr
     update that the recomputed old log-probs give."""
     model = _model()
     data = _batch(model)
-    actor = DataParallelPPOActor(_config(**overrides), model)
+    actor = _actor(_config(**overrides), model)
     recomputed, _ = actor.compute_log_prob(data)
     with_pass = DataProto.from_dict(tensors={**data.batch, "old_log_probs": recomputed}, meta_info=data.meta_info)
     without_pass = DataProto.from_dict(tensors={k: v for k, v in data.batch.items() if k != "old_log_probs"},
@@ -253,8 +264,8 @@ def test_remove_padding_gives_the_padded_log_probs_and_entropy(chunking, one_row
     data = _batch(model)
     data.meta_info.update(micro_batch_size=4, use_dynamic_bsz=False)
     mask = data.batch["response_mask"].bool()
-    padded, padded_entropy = DataParallelPPOActor(_config(), model).compute_log_prob(data, calculate_entropy=True)
-    packed_actor = DataParallelPPOActor(_config(**chunking), model, use_remove_padding=True)
+    padded, padded_entropy = _actor(_config(), model).compute_log_prob(data, calculate_entropy=True)
+    packed_actor = _actor(_config(**chunking), model, use_remove_padding=True)
     packed_actor.varlen_attention = one_row  # all sequences in one row, as under flash-attn's varlen kernel
     for batch in (data, _with_shared_left_padding(data)):
         packed, packed_entropy = packed_actor.compute_log_prob(batch, calculate_entropy=True)
@@ -270,7 +281,7 @@ def test_remove_padding_chunking_and_checkpointing_give_the_padded_update(monkey
     overrides = {"ppo_micro_batch_size_per_gpu": 3, "use_kl_loss": True, "entropy_coeff": 0.01}
     reference, ref_metrics = _update(model, data, **overrides)
     packed = copy.deepcopy(model)
-    actor = DataParallelPPOActor(_config(entropy_from_logits_with_chunking=True, entropy_checkpointing=True,
+    actor = _actor(_config(entropy_from_logits_with_chunking=True, entropy_checkpointing=True,
                                          **overrides), packed, torch.optim.SGD(packed.parameters(), lr=1.0),
                                  use_remove_padding=True)
     metrics = actor.update_policy(_with_shared_left_padding(data))
@@ -283,7 +294,7 @@ def test_verls_actor_grad_clip_wins_over_optim_clip_grad(grad_clip, expected):
     config = _config()
     config.optim.clip_grad = 1.0
     config.grad_clip = grad_clip
-    assert DataParallelPPOActor(config, _model()).max_grad_norm == expected
+    assert _actor(config, _model()).max_grad_norm == expected
 
 
 def test_rollout_is_weights_reach_the_policy_loss(monkeypatch):
@@ -333,7 +344,7 @@ def _token_mean_rank(rank: int, world: int, port: int, expected: dict[str, torch
         model = _model()
         data = _batch(model)
         sharded = shard_model(model, init_device_mesh("cpu", (world,)), "cpu")
-        actor = DataParallelPPOActor(_config(ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=2), sharded,
+        actor = _actor(_config(ppo_mini_batch_size=3, ppo_micro_batch_size_per_gpu=2), sharded,
                                      torch.optim.SGD(sharded.parameters(), lr=1.0))
         actor.update_policy(data.select_idxs(RANK_ROWS[rank]))
         for name, p in sharded.named_parameters():
@@ -359,7 +370,7 @@ def test_compute_log_prob_returns_sum_pi_squared(packed, dynamic, monkeypatch):
     model = _model()
     data = _batch(model)
     data.meta_info.update(micro_batch_size=4, use_dynamic_bsz=dynamic, max_token_len=22)
-    actor = DataParallelPPOActor(_config(entropy_from_logits_with_chunking=True), model, use_remove_padding=packed)
+    actor = _actor(_config(entropy_from_logits_with_chunking=True), model, use_remove_padding=packed)
     log_probs, entropy, sum_pi_squared = actor.compute_log_prob(data, calculate_sum_pi_squared=True)
     assert entropy is None
     with torch.no_grad():

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForTokenClassification
 
 from verl.protocol import DataProto
+from verl.trainer.ppo.run_plan import MicroBatches, UpdateBatches
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 
 PROMPT, RESPONSE, VOCAB = 5, 6, 50
@@ -29,6 +30,18 @@ def _config(**overrides):
            "grad_clip": None, "optim": {"clip_grad": 1e9}}
     cfg.update(overrides)
     return OmegaConf.create(cfg)
+
+
+def _critic(cfg, model, optimizer=None, use_remove_padding=False):
+    """The critic, its planned batches read from the test config's keys as per-rank sizes (what the run plan makes
+    of a one-rank run's config)."""
+    dynamic = cfg.use_dynamic_bsz
+    update = MicroBatches(None if dynamic else cfg.ppo_micro_batch_size_per_gpu,
+                          cfg.ppo_max_token_len_per_gpu if dynamic else None, "ppo_micro_batch_size_per_gpu")
+    forward = MicroBatches(None if dynamic else cfg.forward_micro_batch_size_per_gpu,
+                           cfg.forward_max_token_len_per_gpu if dynamic else None, "forward_micro_batch_size_per_gpu")
+    return DataParallelPPOCritic(cfg, model, optimizer, use_remove_padding=use_remove_padding,
+                                 batches=UpdateBatches(cfg.ppo_mini_batch_size, update), forward=forward)
 
 
 def _batch():
@@ -57,7 +70,7 @@ def _with_values(critic, data):
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_value_of_a_token_is_the_head_output_before_it(remove_padding, dynamic):
     model, data = _model(), _batch()
-    critic = DataParallelPPOCritic(_config(use_dynamic_bsz=dynamic, forward_max_token_len_per_gpu=22,
+    critic = _critic(_config(use_dynamic_bsz=dynamic, forward_max_token_len_per_gpu=22,
                                            forward_micro_batch_size_per_gpu=4), model,
                                    use_remove_padding=remove_padding)
     values = critic.compute_values(data)
@@ -72,7 +85,7 @@ def test_value_of_a_token_is_the_head_output_before_it(remove_padding, dynamic):
 
 def _update(model, data, steps=1, **overrides):
     model = copy.deepcopy(model)
-    critic = DataParallelPPOCritic(_config(**overrides), model, torch.optim.SGD(model.parameters(), lr=1.0))
+    critic = _critic(_config(**overrides), model, torch.optim.SGD(model.parameters(), lr=1.0))
     metrics = [critic.update_critic(data) for _ in range(steps)]
     return model, metrics[-1]
 
@@ -84,7 +97,7 @@ def _update(model, data, steps=1, **overrides):
 ])
 def test_micro_batches_give_the_full_batch_update(overrides, assert_same_update):
     model = _model()
-    data = _with_values(DataParallelPPOCritic(_config(), model), _batch())
+    data = _with_values(_critic(_config(), model), _batch())
     full = {k: v for k, v in overrides.items() if k == "loss_agg_mode"}
     reference, ref_metrics = _update(model, data, **full)
     split, metrics = _update(model, data, **overrides)
@@ -95,7 +108,7 @@ def test_micro_batches_give_the_full_batch_update(overrides, assert_same_update)
 def test_updates_fit_the_returns():
     """Adam on a fixed batch: the loss falls, and values move at most cliprange_value from `values` per update."""
     model, data = _model(), _batch()
-    critic = DataParallelPPOCritic(_config(cliprange_value=10.0, ppo_epochs=5), model,
+    critic = _critic(_config(cliprange_value=10.0, ppo_epochs=5), model,
                                    torch.optim.AdamW(model.parameters(), lr=1e-2))
     _with_values(critic, data)
     losses = [critic.update_critic(data)["critic/vf_loss"] for _ in range(3)]
@@ -107,7 +120,7 @@ def test_updates_fit_the_returns():
 
 def test_a_non_finite_return_skips_the_step_and_is_counted():
     model = _model()
-    data = _with_values(DataParallelPPOCritic(_config(), model), _batch())
+    data = _with_values(_critic(_config(), model), _batch())
     data.batch["returns"][0, 0] = float("nan")
     updated, metrics = _update(model, data, steps=2)  # two updates of one optimizer step each, both skipped
     assert metrics["critic/skipped_steps"] == [1.0] and metrics["critic/skipped_steps_in_row"] == [2.0]
@@ -117,7 +130,7 @@ def test_a_non_finite_return_skips_the_step_and_is_counted():
 
 def test_ppo_epochs_and_mini_batches_take_one_step_each():
     model = _model()
-    data = _with_values(DataParallelPPOCritic(_config(), model), _batch())
+    data = _with_values(_critic(_config(), model), _batch())
     _, metrics = _update(model, data, ppo_mini_batch_size=3, ppo_epochs=2, shuffle=True)
     assert len(metrics["critic/grad_norm"]) == 4
 
@@ -128,7 +141,7 @@ def test_critic_learns_a_value_the_tokens_reveal():
     The trainer's `critic/vf_explained_var` near 0 on the quickstart task is therefore the task (the critic would
     have to check the arithmetic), not the value path."""
     model = _model().train()
-    critic = DataParallelPPOCritic(_config(ppo_mini_batch_size=16), model,
+    critic = _critic(_config(ppo_mini_batch_size=16), model,
                                    torch.optim.AdamW(model.parameters(), lr=1e-3))
     generator = torch.Generator().manual_seed(0)
 

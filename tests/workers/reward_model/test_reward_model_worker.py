@@ -15,6 +15,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from verl.protocol import DataProto
 from verl.trainer.config import load_config
+from verl.trainer.ppo.run_plan import plan_run
 from verl.utils.torch_functional import compute_position_id_with_mask
 from verl.workers.reward_model_worker import RewardModelWorker, retemplate
 
@@ -44,7 +45,7 @@ def make_worker(rm_dir: str, policy_dir: str | None, *overrides: str) -> RewardM
     policy = f"actor_rollout_ref.model.path={policy_dir}" if policy_dir else "reward_model.model.input_tokenizer=null"
     config = load_config(overrides=[policy, "reward_model.enable=true", f"reward_model.model.path={rm_dir}",
                                     *overrides])
-    worker = RewardModelWorker(config.reward_model, device="cpu")
+    worker = RewardModelWorker(config.reward_model, plan=plan_run(config, "cpu"))
     worker.init_model()
     return worker
 

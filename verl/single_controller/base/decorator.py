@@ -10,10 +10,17 @@ A worker method decorated with ``@register(dispatch_mode=...)`` becomes a method
 3. ``collect_fn(worker_group, outputs) -> result`` merges the per-rank outputs, given as a list in rank order.
 
 Dispatch functions only read ``worker_group.world_size``, so they can be tested without Ray.
+
+Every registered method also passes the device door (`device_door`): the driver's batches live on the CPU, and a
+worker computes on its rank's device. On entry each `DataProto` argument moves to ``worker.batch_device``; on exit the
+returned `DataProto` or tensors move back to the CPU. This is the one place data crosses between devices in a worker:
+methods never move batches by hand. On CUDA the door also measures the call's peak memory
+(``memory/max_allocated_gib/<phase>`` in the returned batch's metrics, phases named as the memory estimate's).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -148,7 +155,72 @@ def register(
     info = RegisterInfo(dispatch_mode, execute_mode, blocking)
 
     def decorator(fn):
-        setattr(fn, MAGIC_ATTR, info)
-        return fn
+        door = device_door(fn)
+        setattr(door, MAGIC_ATTR, info)
+        return door
 
     return decorator
+
+
+# The worker methods whose peak memory the door reports, by the memory estimate's phase names
+# (verl/utils/memory_estimate.py); update_actor's peak includes its optimizer step.
+MEMORY_PHASES = {
+    "generate_sequences": "generate",
+    "compute_log_prob": "old_log_prob",
+    "compute_ref_log_prob": "ref",
+    "compute_values": "values",
+    "update_critic": "update_critic",
+    "update_actor": "update_actor",
+    "compute_rm_score": "reward",
+}
+
+
+def _on(value, device):
+    """A DataProto argument as a new DataProto whose tensors are on `device` (the caller's stays where it is: a
+    worker called in-process must not move its caller's batch); anything else as it is."""
+    if not isinstance(value, DataProto) or value.batch is None:
+        return value
+    return DataProto(batch=value.batch.to(device), non_tensor_batch=value.non_tensor_batch, meta_info=value.meta_info)
+
+
+def _to_host(value):
+    """A method's result with its DataProto and tensors (also inside a list, tuple or dict) on the CPU."""
+    import torch
+
+    if isinstance(value, DataProto):
+        return value.to("cpu")
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, list | tuple):
+        return type(value)(_to_host(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_host(v) for k, v in value.items()}
+    return value
+
+
+def device_door(fn):
+    """Wrap a worker method: DataProto arguments to ``self.batch_device`` on entry, results to the CPU on exit, and on
+    CUDA the call's peak allocated memory into the returned DataProto's ``meta_info["metrics"]``."""
+    if getattr(fn, "__wrapped_by_door__", False):
+        return fn
+    phase = MEMORY_PHASES.get(fn.__name__)
+
+    @functools.wraps(fn)
+    def door(self, *args, **kwargs):
+        device = getattr(self, "batch_device", None)
+        if device is not None:
+            args = tuple(_on(a, device) for a in args)
+            kwargs = {k: _on(v, device) for k, v in kwargs.items()}
+        measure = phase is not None and device is not None and device.type == "cuda"
+        if measure:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(device)
+        result = fn(self, *args, **kwargs)
+        if measure and isinstance(result, DataProto):
+            peak = torch.cuda.max_memory_allocated(device) / 1024**3
+            result.meta_info.setdefault("metrics", {})[f"memory/max_allocated_gib/{phase}"] = [peak]
+        return _to_host(result)
+
+    door.__wrapped_by_door__ = True
+    return door

@@ -36,6 +36,16 @@ class Worker:
         self.master_addr = os.environ.get("MASTER_ADDR")
         self.master_port = os.environ.get("MASTER_PORT")
 
+    @property
+    def batch_device(self):
+        """Where this worker computes, and so where the device door (decorator.py) puts the batches it is given:
+        the rank's GPU when ``self.device`` is "cuda" (Ray shows each rank only its own), else the CPU."""
+        import torch
+
+        if getattr(self, "device", "cpu") == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def init_process_group(self, device: str = "cpu") -> None:
         """Joins the default torch.distributed group (gloo on CPU, NCCL + gloo on CUDA); a no-op when already in."""
         import torch.distributed as dist

@@ -46,11 +46,16 @@ def resolve_policy_loss(actor: DictConfig, problems: list[str]) -> None:
             actor.use_token_entropy_separate = True
 
 
+def world_size(trainer) -> int:
+    """The number of ranks: trainer.nnodes x trainer.n_gpus_per_node (ranks per node, on CPU too)."""
+    return trainer.nnodes * trainer.n_gpus_per_node
+
+
 def check_batch_sizes(config: PPOTrainerConfig, problems: list[str]) -> None:
     """train_batch_size and ppo_mini_batch_size count prompts, each with rollout.n responses, split over the ranks."""
     data, actor, rollout, trainer = (config.data, config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout,
                                      config.trainer)
-    n_ranks, n = trainer.nnodes * trainer.n_gpus_per_node, rollout.n
+    n_ranks, n = world_size(trainer), rollout.n
     bsz, mini = data.train_batch_size, actor.ppo_mini_batch_size
     need(bsz * n % n_ranks == 0,
          f"data.train_batch_size * actor_rollout_ref.rollout.n = {bsz} * {n} = {bsz * n} responses must be divisible "
@@ -71,7 +76,7 @@ def check_mini_batches(config: PPOTrainerConfig, prefix: str, section, n_key: st
     ppo_micro_batch_size_per_gpu (or the deprecated global ppo_micro_batch_size / ranks); with use_dynamic_bsz every
     token budget of `budgets` (key -> value) holds a whole sequence."""
     data, trainer = config.data, config.trainer
-    n_ranks = trainer.nnodes * trainer.n_gpus_per_node
+    n_ranks = world_size(trainer)
     bsz, mini = data.train_batch_size, section.ppo_mini_batch_size
     need(bsz % mini == 0, f"data.train_batch_size={bsz} must be divisible by {prefix}.ppo_mini_batch_size={mini}",
          problems)
@@ -98,11 +103,6 @@ def critic_enabled(config) -> bool:
     (verl's rule)."""
     enable = config.critic.enable
     return bool(enable) if enable is not None else config.algorithm.adv_estimator == "gae"
-
-
-def processes_per_rank(config) -> int:
-    """Worker processes on each rank (its resource bundle): the actor's, the critic's and the reward model's."""
-    return 1 + critic_enabled(config) + bool(config.reward_model.enable)
 
 
 def check_critic(config: PPOTrainerConfig, problems: list[str]) -> None:
@@ -161,7 +161,7 @@ def check_engine(cfg: DictConfig, problems: list[str]) -> None:
     if resolve_rollout_name(rollout.name, device) == "vllm":
         from verl.workers.rollout.vllm_rollout import config_problems
 
-        n_ranks = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+        n_ranks = world_size(cfg.trainer)
         problems.extend(config_problems(rollout, cfg.actor_rollout_ref.model.path, device, n_ranks,
                                         "actor_rollout_ref.rollout"))
 
@@ -249,24 +249,23 @@ def _changed(cfg: DictConfig, keys) -> list[str]:
     return found
 
 
-def inert_keys_set(cfg: DictConfig) -> list[str]:
-    """The INERT_KEYS set away from their defaults, and the vLLM-only rollout keys when the engine is another."""
+def inert_keys_set(cfg: DictConfig, engine: str) -> list[str]:
+    """The INERT_KEYS set away from their defaults, and the vLLM-only rollout keys when the run's engine (the run
+    plan's `rollout_engine`) is another."""
     keys = _changed(cfg, INERT_KEYS)
-    device = cfg.trainer.device if cfg.trainer.device in ("cpu", "cuda") else None
-    rollout = cfg.actor_rollout_ref.rollout
-    engine = resolve_rollout_name(rollout.name, device or resolve_device("auto"))
     if engine != "vllm":
         keys += _changed(cfg, [f"actor_rollout_ref.rollout.{key}" for key in VLLM_ONLY_KEYS])
     return keys
 
 
-def announce_inert_keys(cfg: DictConfig) -> list[str]:
-    """Print one line per key set away from its default that does nothing in this run; returns those keys."""
-    keys = inert_keys_set(cfg)
+def announce_inert_keys(cfg: DictConfig, engine: str) -> list[str]:
+    """Print one line per key set away from its default that does nothing in this run (whose rollout engine is
+    `engine`); returns those keys."""
+    keys = inert_keys_set(cfg, engine)
     for key in keys:
         value = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
         shown = json.dumps(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
         reason = (INERT_KEYS[key] if key in INERT_KEYS else
-                  f"only the vllm engine reads it, and this run's engine is {cfg.actor_rollout_ref.rollout.name}")
+                  f"only the vllm engine reads it, and this run's engine is {engine}")
         print(f"[config] {key}={shown} is accepted for verl scripts but does nothing in Quiver: {reason}")
     return keys

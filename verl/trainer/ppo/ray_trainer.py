@@ -24,14 +24,14 @@ from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.batch_filters import build_batch_filter
-from verl.trainer.ppo.config_rules import critic_enabled, processes_per_rank
 from verl.trainer.ppo.filters import overlong_filter, truncate_to_multiple
 from verl.trainer.ppo.guards import SkippedStepGuard, check_reward_failures
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch, correction_enabled
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.run_plan import RunPlan
 from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, remove_old_checkpoints, select_resume_checkpoint
-from verl.utils.config import ConfigError, option
+from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
 from verl.utils.memory_estimate import name_out_of_memory
@@ -40,7 +40,6 @@ from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking, dump_generations
 from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from verl.workers.reward_model_worker import RewardModelWorker
-from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
 
 GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -53,40 +52,6 @@ def _timer(name: str, timing: dict[str, float]):
     with name_out_of_memory(name):
         yield
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
-
-
-def old_log_prob_source(config: DictConfig, num_sequences: int, device: str) -> str:
-    """Where the actor update takes its old log-probs from, per `algorithm.rollout_correction.bypass_mode`.
-
-    "recompute": a no-grad pass of the actor over the batch before the update (verl's default; also gives the
-    `actor/entropy` and rollout-vs-actor log-prob metrics).
-    "actor": none -- the update is on-policy (one epoch, one mini-batch of `num_sequences` rows), so the old policy
-    is the current one and the actor takes its own log-probs, detached, from the update's forward pass (what TRL does).
-    "rollout": the rollout engine's log-probs (verl's "bypass").
-
-    bypass_mode=true -> rollout; false, or auto with rollout_is / rollout_rs set or an estimator that reads
-    `sum_pi_squared` (the optimal token baseline) -> recompute; auto -> actor when on-policy and nothing reads old
-    log-probs before the update (KL in the reward, an estimator that takes them), else rollout when the engine's log-probs are
-    the actor's up to float rounding (the HF engine on CPU without LoRA, plain sampling), else recompute.
-    """
-    correction = config.algorithm.get("rollout_correction")
-    mode = option(correction, "bypass_mode", "algorithm.rollout_correction")
-    if mode is True or mode == "true":
-        return "rollout"
-    if mode is False or mode == "false" or correction_enabled(correction):  # weights compare the two log-probs
-        return "recompute"
-    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
-    estimator = core_algos.get_adv_estimator_fn(config.algorithm.adv_estimator)
-    estimator_params = set(inspect.signature(estimator).parameters)
-    if "sum_pi_squared" in estimator_params:  # only the actor's pass sees the whole distribution
-        return "recompute"
-    estimator_reads = {"old_log_probs", "entropys"} & estimator_params
-    on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size * rollout.n >= num_sequences
-    if on_policy and not config.algorithm.use_kl_in_reward and not estimator_reads:
-        return "actor"
-    exact_engine = (device == "cpu" and resolve_rollout_name(rollout.name, device) == "hf"
-                    and not uses_agent_loop(rollout) and config.actor_rollout_ref.model.lora_rank == 0)
-    return "rollout" if exact_engine else "recompute"
 
 
 def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl") -> tuple[DataProto, dict[str, float]]:
@@ -128,20 +93,22 @@ def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, l
 
 
 class RayPPOTrainer:
-    """Builds the worker group and runs `fit()`. Mirrors verl's class of the same name."""
+    """Builds the worker group and runs `fit()`. Mirrors verl's class of the same name. `plan` holds what the run
+    derives from the config (verl/trainer/ppo/run_plan.py); the trainer and its workers read it."""
 
     def __init__(self, config: DictConfig, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn,
-                 device: str = "cpu", collate_fn=default_collate_fn):
+                 plan: RunPlan, collate_fn=default_collate_fn):
         self.config = config
         self.tokenizer = tokenizer
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
-        self.device = device
-        self.n_ranks = config.trainer.nnodes * config.trainer.n_gpus_per_node
-        self.use_reference_policy = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+        self.plan = plan
+        self.device = plan.device
+        self.n_ranks = plan.n_ranks
+        self.use_reference_policy = plan.use_reference_policy
         if config.algorithm.use_kl_in_reward:
             self.kl_ctrl_in_reward = core_algos.get_kl_controller(config.algorithm.kl_ctrl)
         # A value model (verl's Role.Critic): critic.enable, or with null, exactly when the estimator is GAE.
-        self.use_critic = critic_enabled(config)
+        self.use_critic = plan.use_critic
         self.critic_wg = self.rm_wg = None  # built by init_workers
         if self.use_critic:
             with open_dict(config):  # null paths: the actor's model (the value head is new) and tokenizer
@@ -188,11 +155,10 @@ class RayPPOTrainer:
         """One resource pool of nnodes x n_gpus_per_node ranks, one worker group holding actor/rollout(/ref), and
         on the same ranks a group for the critic and one for the reward model when the run has them (each rank's
         bundle then holds one process per group). Every worker imports `trainer.plugins` as the driver did."""
-        cfg = self.config
-        self.resource_pool = RayResourcePool([cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
-                                             use_gpu=self.device == "cuda", name_prefix="actor_rollout",
-                                             max_colocate_count=processes_per_rank(cfg))
-        common = {"device": self.device, "plugins": list(cfg.trainer.plugins)}
+        cfg, plan = self.config, self.plan
+        self.resource_pool = RayResourcePool([plan.ranks_per_node] * plan.nnodes, use_gpu=plan.device == "cuda",
+                                             name_prefix="actor_rollout", max_colocate_count=plan.processes_per_rank)
+        common = {"plan": plan, "plugins": list(cfg.trainer.plugins)}
         role = "actor_rollout_ref" if self.use_reference_policy else "actor_rollout"
         worker_cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=role,
                                           seed=cfg.trainer.seed, **common)
@@ -204,7 +170,7 @@ class RayPPOTrainer:
             critic_cls = RayClassWithInitArgs(CriticWorker, config=cfg.critic, seed=cfg.trainer.seed, **common)
             self.critic_wg = RayWorkerGroup(self.resource_pool, critic_cls, name_prefix="critic", device=self.device)
             loading.append(self.critic_wg.init_model())
-        if cfg.reward_model.enable:
+        if plan.use_reward_model:
             rm_cls = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model, **common)
             self.rm_wg = RayWorkerGroup(self.resource_pool, rm_cls, name_prefix="reward_model", device=self.device)
             loading.append(self.rm_wg.init_model())
@@ -212,7 +178,7 @@ class RayPPOTrainer:
         for future in loading:
             future.get()
         self.rank_nodes = [info["node_id"] for info in self.actor_rollout_wg.node_info()]
-        if cfg.trainer.nnodes > 1:
+        if plan.nnodes > 1:
             where = ", ".join(f"rank {r}: node {node[:12]}" for r, node in enumerate(self.rank_nodes))
             print(f"[trainer] {self.n_ranks} ranks on {len(set(self.rank_nodes))} nodes ({where})")
         engine = self.actor_rollout_wg.rollout_info()[0]
@@ -257,7 +223,7 @@ class RayPPOTrainer:
         Plain sampling gets every prompt n times; the agent loop gets each prompt once with meta_info["n"], because
         it makes a prompt's n trajectories together (branches of one another) on one rank.
         """
-        if uses_agent_loop(self.config.actor_rollout_ref.rollout):
+        if self.plan.agent_loop:
             gen_batch.meta_info["n"] = n
             padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.n_ranks)
             return unpad_dataproto(self.actor_rollout_wg.generate_sequences(padded), pad_size * n)
@@ -421,7 +387,7 @@ class RayPPOTrainer:
             self._balance_batch(batch, metrics)
 
         with _timer("old_log_prob", timing):
-            source = old_log_prob_source(cfg, len(batch), self.device)
+            source = self.plan.old_log_prob_source
             if source == "rollout" and "rollout_log_probs" not in batch.batch:
                 raise ValueError("algorithm.rollout_correction.bypass_mode=true takes the old log-probs from the "
                                  "rollout, but this rollout returned no rollout_log_probs; set bypass_mode=false")
@@ -429,8 +395,7 @@ class RayPPOTrainer:
                 batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
             elif source == "rollout":
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
-            if (source != "recompute" and "rollout_entropys" in batch.batch
-                    and resolve_rollout_name(cfg.actor_rollout_ref.rollout.name, self.device) == "hf"):
+            if source != "recompute" and "rollout_entropys" in batch.batch and self.plan.rollout_engine == "hf":
                 # The HF engine's entropies are the actor's (full vocabulary, same weights): keep actor/entropy.
                 batch.batch["entropys"] = batch.batch["rollout_entropys"]
             batch.meta_info["old_log_prob_source"] = source

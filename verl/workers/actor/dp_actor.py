@@ -64,13 +64,15 @@ def lm_head_on_rows(model: torch.nn.Module, positions: torch.Tensor):
 class DataParallelPPOActor:
     """Computes log-probs and updates the policy of one FSDP rank.
 
-    `config` is the `actor_rollout_ref.actor` node, with `ppo_mini_batch_size` already turned into sequences per rank
-    by the worker (prompts * rollout.n / ranks).
+    `config` is the `actor_rollout_ref.actor` (or `ref`) node as the user wrote it; the sizes of this rank's update
+    batches come from the run plan (verl/trainer/ppo/run_plan.py) as `batches`, those of a log-prob pass from its
+    `meta_info` (the worker puts the plan's there).
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: torch.optim.Optimizer | None = None,
-                 use_remove_padding: bool = False):
+                 *, use_remove_padding: bool, batches=None):
         self.config = config
+        self.batches = batches  # the plan's UpdateBatches: this rank's mini- and micro-batches (needed to update)
         self.use_remove_padding = use_remove_padding
         # Log-prob and entropy temporaries for LOGITS_CHUNK positions at a time, and recomputed in the backward.
         self.logits_chunk_size = LOGITS_CHUNK if option(config, "entropy_from_logits_with_chunking", ACTOR) else None
@@ -189,17 +191,18 @@ class DataParallelPPOActor:
         if has_is_weights:
             keys.append("rollout_is_weights")
         # Without old log-probs the update must be on-policy (one epoch, one mini-batch): the old policy is then the
-        # current one, and its log-probs are this forward pass's, detached (see old_log_prob_source in ray_trainer).
+        # current one, and its log-probs are this forward pass's, detached (see old_log_prob_source in run_plan).
         has_old = "old_log_probs" in data.batch.keys()
         if has_old:
             keys.append("old_log_probs")
-        elif cfg.ppo_epochs != 1 or len(data) > cfg.ppo_mini_batch_size:
+        elif cfg.ppo_epochs != 1 or self.batches is None or len(data) > self.batches.mini_batch:
+            mini = self.batches.mini_batch if self.batches is not None else None
             raise ValueError(f"update_policy got no old_log_probs, which only an on-policy update can do without "
                              f"(ppo_epochs=1 and one mini-batch); here ppo_epochs={cfg.ppo_epochs} and {len(data)} "
-                             f"sequences per rank in mini-batches of {cfg.ppo_mini_batch_size}")
+                             f"sequences per rank in mini-batches of {mini}")
         metrics = defaultdict(list)
 
-        for micro_batches in ppo_mini_batches(data.select(batch_keys=keys).batch, cfg):
+        for micro_batches in ppo_mini_batches(data.select(batch_keys=keys).batch, cfg, self.batches):
             for micro_batch, weight in micro_batches:
                 mask = micro_batch["response_mask"]
                 entropy, log_prob, _ = self._forward_micro_batch(micro_batch, temperature, objective.needs_entropy)

@@ -34,14 +34,16 @@ FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "res
 class DataParallelPPOCritic:
     """Computes values and updates the value model of one FSDP rank.
 
-    `config` is the `critic` node, with `ppo_mini_batch_size` already turned into sequences per rank by the worker
-    (prompts * rollout_n / ranks) and the deprecated global micro-batch sizes into per-rank ones.
+    `config` is the `critic` node (its loss keys: ppo_epochs, shuffle, cliprange_value, loss_agg_mode, grad_clip);
+    the sizes of this rank's batches come from the run plan (verl/trainer/ppo/run_plan.py): `batches`, the update's
+    mini- and micro-batches (needed to update), and `forward`, the value pass's micro-batches.
     `critic_module` is a Hugging Face token-classification model with one label (a scalar value head).
     """
 
     def __init__(self, config, critic_module: torch.nn.Module, critic_optimizer: torch.optim.Optimizer | None = None,
-                 use_remove_padding: bool = False):
+                 *, use_remove_padding: bool, batches=None, forward=None):
         self.config = config
+        self.batches, self.forward = batches, forward
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.use_remove_padding = use_remove_padding
@@ -81,13 +83,12 @@ class DataParallelPPOCritic:
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """Values `(batch, response_len)` of `responses` under the current weights, 0 outside `response_mask`; no
-        gradient. Micro-batches of `forward_micro_batch_size_per_gpu` sequences, or of at most
-        `forward_max_token_len_per_gpu` tokens with `use_dynamic_bsz`."""
-        cfg = self.config
+        gradient. Micro-batches as planned (`forward`: sequences, or a token budget with use_dynamic_bsz; none
+        planned: the whole batch at once)."""
         self.critic_module.eval()
-        max_token_len = cfg.forward_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
+        size, max_token_len = (self.forward.size, self.forward.max_token_len) if self.forward else (None, None)
         batch = data.select(batch_keys=FORWARD_KEYS).batch
-        micro_batches, index_map = split_micro_batches(batch, cfg.forward_micro_batch_size_per_gpu, max_token_len)
+        micro_batches, index_map = split_micro_batches(batch, size, max_token_len)
         values = torch.cat([self._forward_micro_batch(micro_batch) for micro_batch in micro_batches])
         reshard_all(self.critic_module)  # with reshard_after_forward=false, no backward pass would free them
         return restore_order(values, index_map) * data.batch["response_mask"]
@@ -103,7 +104,8 @@ class DataParallelPPOCritic:
         cfg = self.config
         self.critic_module.train()
         metrics = defaultdict(list)
-        for micro_batches in ppo_mini_batches(data.select(batch_keys=FORWARD_KEYS + ["values", "returns"]).batch, cfg):
+        batch = data.select(batch_keys=FORWARD_KEYS + ["values", "returns"]).batch
+        for micro_batches in ppo_mini_batches(batch, cfg, self.batches):
             for micro_batch, weight in micro_batches:
                 mask = micro_batch["response_mask"]
                 vpreds = self._forward_micro_batch(micro_batch)

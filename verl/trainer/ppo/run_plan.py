@@ -1,0 +1,256 @@
+"""The run plan: every fact a PPO run derives from its config, decided once after the config check.
+
+`main_ppo` builds one frozen `RunPlan` (`plan_run`), sizes the micro-batches left unset from the memory estimate
+(`verl/utils/memory_estimate.py`, `size_micro_batches`), and hands it to the trainer, every worker and the memory
+check. They read the plan; none of them re-derives a planned fact. The config keeps the user's meaning: global
+batch sizes count prompts, and nothing rewrites them.
+
+    ranks              trainer.nnodes x trainer.n_gpus_per_node (ranks per node, on CPU too)
+    rows_per_rank      data.train_batch_size x rollout.n / ranks: sequences one rank holds in a step
+    mini-batch         ppo_mini_batch_size x rollout.n / ranks sequences per rank, one optimizer step each
+    micro-batch        ppo_micro_batch_size_per_gpu, or verl's deprecated global ppo_micro_batch_size / ranks; unset:
+                       the largest that the memory estimate fits (the whole share when memory_check=off)
+    rollout engine     rollout.name, with auto resolved: vllm on CUDA when it is installed, else hf
+    old log-probs      recompute | actor | rollout (`old_log_prob_source`)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+from omegaconf import DictConfig
+
+from verl.algorithms import build_actor_objective
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.config_rules import critic_enabled, world_size
+from verl.trainer.ppo.rollout_corr_helper import correction_enabled
+from verl.utils.config import ConfigError, option
+from verl.utils.fsdp_utils import COMPUTE_DTYPES
+from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
+
+# share_cpu_engine=null shares the HF engine from this many actor parameters on: a model of hundreds of MB no cache
+# holds, decoded at a rate set by memory bandwidth (measured: a 344K-parameter model decodes faster with one engine per
+# rank, the Qwen2.5-0.5B shape faster with one shared engine; benchmarks/README.md).
+SHARED_ENGINE_MIN_PARAMETERS = 50_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatches:
+    """How one pass cuts a rank's sequences into micro-batches (one forward, and backward, each).
+
+    size: sequences per micro-batch; None = all of them at once (only where nothing sized it and no estimate ran).
+    max_token_len: with use_dynamic_bsz, the token budget of a micro-batch (size is then None).
+    key: the config key that sizes it (the micro-batch size, or with use_dynamic_bsz the token budget), for messages.
+    """
+
+    size: int | None
+    max_token_len: int | None
+    key: str
+
+    @property
+    def dynamic(self) -> bool:
+        return self.max_token_len is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateBatches:
+    """A trained model's update on one rank: mini-batches of `mini_batch` sequences (one optimizer step each), cut
+    into `micro` micro-batches."""
+
+    mini_batch: int
+    micro: MicroBatches
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """The derived facts of one PPO run (see the module docstring). Frozen: `dataclasses.replace` makes a changed
+    copy, as the memory sizing does before the plan is handed out."""
+
+    device: str  # cpu | cuda
+    nnodes: int
+    ranks_per_node: int
+    n_ranks: int
+    rollout_n: int
+    rows_per_rank: int
+    rollout_engine: str  # hf | vllm | openai | a user's registered engine
+    agent_loop: bool  # the tool loop (sync_with_tool / multi_turn)
+    share_cpu_engine: bool  # the ranks of the node decode through one HF engine on rank 0
+    old_log_prob_source: str  # recompute | actor | rollout
+    update_needs_entropy: bool  # the actor's objective reads the token entropy in the update
+    use_reference_policy: bool
+    use_critic: bool
+    use_reward_model: bool
+    remove_padding: bool  # the actor's and the reference's passes (actor_rollout_ref.model.use_remove_padding)
+    critic_remove_padding: bool
+    param_dtype: str  # every model is loaded in float32 and sharded so
+    compute_dtype: str  # the actor's and reference's mixed precision on CUDA; float32 on CPU
+    critic_compute_dtype: str
+    actor_update: UpdateBatches
+    actor_log_prob: MicroBatches  # the old-log-prob pass (rollout.log_prob_*)
+    ref_log_prob: MicroBatches  # the reference pass (ref.log_prob_*)
+    critic_update: UpdateBatches | None = None
+    critic_forward: MicroBatches | None = None
+    reward_model_forward: MicroBatches | None = None
+    # The micro-batch keys the memory estimate sized (they were unset): key -> sequences.
+    sized_by_memory: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def processes_per_rank(self) -> int:
+        """Worker processes on each rank (its resource bundle): the actor's, the critic's and the reward model's."""
+        return 1 + self.use_critic + self.use_reward_model
+
+    def describe(self) -> str:
+        """One line for the start of a run."""
+        sizes = f"actor mini-batch {self.actor_update.mini_batch} seq/rank, micro {_size(self.actor_update.micro)}"
+        if self.critic_update is not None:
+            sizes += f"; critic micro {_size(self.critic_update.micro)}"
+        passes = [name for name, on in (("reference", self.use_reference_policy), ("critic", self.use_critic),
+                                        ("reward model", self.use_reward_model)) if on]
+        return (f"[plan] {self.n_ranks} rank(s) on {self.device} ({self.nnodes} node(s)), engine {self.rollout_engine}"
+                f"{' shared per node' if self.share_cpu_engine else ''}, old log-probs: {self.old_log_prob_source}, "
+                f"{'+'.join(passes) or 'no reference/critic'}, remove padding {'on' if self.remove_padding else 'off'}, "
+                f"compute {self.compute_dtype}; {sizes}")
+
+
+def _size(micro: MicroBatches) -> str:
+    return f"<= {micro.max_token_len} tokens" if micro.dynamic else str(micro.size if micro.size else "all")
+
+
+def micro_batches(per_gpu, global_size, dynamic: bool, max_token_len: int, ranks: int, key: str,
+                  budget_key: str) -> MicroBatches:
+    """A pass's micro-batches: the per-rank size (`key`), verl's deprecated global size / ranks, or a token budget
+    (`budget_key`)."""
+    if dynamic:
+        return MicroBatches(None, int(max_token_len), budget_key)
+    if per_gpu is None and global_size is not None:
+        per_gpu = max(1, global_size // ranks)
+    return MicroBatches(per_gpu, None, key)
+
+
+def old_log_prob_source(config: DictConfig, engine: str, device: str) -> str:
+    """Where the actor update takes its old log-probs from, per `algorithm.rollout_correction.bypass_mode`.
+
+    "recompute": a no-grad pass of the actor over the batch before the update (verl's default; also gives the
+    `actor/entropy` and rollout-vs-actor log-prob metrics).
+    "actor": none -- the update is on-policy (one epoch, one mini-batch: ppo_mini_batch_size >= train_batch_size, so
+    also for a batch that filters shrank), so the old policy is the current one and the actor takes its own log-probs,
+    detached, from the update's forward pass (what TRL does).
+    "rollout": the rollout engine's log-probs (verl's "bypass").
+
+    bypass_mode=true -> rollout; false, or auto with rollout_is / rollout_rs set or an estimator that reads
+    `sum_pi_squared` (the optimal token baseline) -> recompute; auto -> actor when on-policy and nothing reads old
+    log-probs before the update (KL in the reward, an estimator that takes them), else rollout when the engine's
+    log-probs are the actor's up to float rounding (the HF engine on CPU without LoRA, plain sampling), else recompute.
+    """
+    correction = config.algorithm.get("rollout_correction")
+    mode = option(correction, "bypass_mode", "algorithm.rollout_correction")
+    if mode is True or mode == "true":
+        return "rollout"
+    if mode is False or mode == "false" or correction_enabled(correction):  # weights compare the two log-probs
+        return "recompute"
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    estimator = core_algos.get_adv_estimator_fn(config.algorithm.adv_estimator)
+    estimator_params = set(inspect.signature(estimator).parameters)
+    if "sum_pi_squared" in estimator_params:  # only the actor's pass sees the whole distribution
+        return "recompute"
+    estimator_reads = {"old_log_probs", "entropys"} & estimator_params
+    on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= config.data.train_batch_size
+    if on_policy and not config.algorithm.use_kl_in_reward and not estimator_reads:
+        return "actor"
+    exact_engine = (device == "cpu" and engine == "hf" and not uses_agent_loop(rollout)
+                    and config.actor_rollout_ref.model.lora_rank == 0)
+    return "rollout" if exact_engine else "recompute"
+
+
+def share_cpu_engine(setting, engine: str, device: str, nnodes: int, n_ranks: int, actor_parameters: int | None) -> bool:
+    """`rollout.share_cpu_engine` (see verl/workers/rollout/shared.py): one HF engine on rank 0 of a CPU node decodes
+    for every rank there. null: from SHARED_ENGINE_MIN_PARAMETERS actor parameters on (decoding is then bound by
+    reading the weights); only for the HF engine on CPU, more than one rank and one node."""
+    if setting and (engine != "hf" or device != "cpu"):
+        raise ConfigError(f"actor_rollout_ref.rollout.share_cpu_engine=true needs the hf engine on CPU (here {engine} "
+                          f"on {device}); set it to null or false")
+    if setting and nnodes > 1:
+        raise ConfigError(f"actor_rollout_ref.rollout.share_cpu_engine=true needs every rank on one node; "
+                          f"trainer.nnodes={nnodes}: set it to null or false")
+    if setting is False or engine != "hf" or device != "cpu" or n_ranks == 1 or nnodes > 1:
+        return False
+    return bool(setting) or (actor_parameters or 0) >= SHARED_ENGINE_MIN_PARAMETERS
+
+
+def compute_dtype(device: str, fsdp_config, section: str) -> str:
+    """The dtype a model computes in: `fsdp_config.dtype` (the YAML's default when unset) on CUDA, float32 on CPU;
+    `section` names the fsdp_config node."""
+    if device != "cuda":
+        return "float32"
+    return COMPUTE_DTYPES[str(option(fsdp_config, "dtype", section))]
+
+
+def plan_run(config: DictConfig, device: str, actor_parameters: int | None = None) -> RunPlan:
+    """The plan of a checked ppo_trainer config on `device` (resolved: cpu or cuda). `actor_parameters` (from the
+    model's config, `memory_estimate.read_model_shape`) decides the shared CPU engine's default; micro-batch sizes the
+    config leaves unset stay None here (`memory_estimate.size_micro_batches` fills them)."""
+    trainer, data = config.trainer, config.data
+    arr, algorithm = config.actor_rollout_ref, config.algorithm
+    actor, rollout, ref, model = arr.actor, arr.rollout, arr.ref, arr.model
+    ranks, n = world_size(trainer), rollout.n
+    engine = resolve_rollout_name(rollout.name, device)
+    use_critic = critic_enabled(config)
+    actor_update = UpdateBatches(
+        actor.ppo_mini_batch_size * n // ranks,
+        micro_batches(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, actor.use_dynamic_bsz,
+                      actor.ppo_max_token_len_per_gpu, ranks, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"))
+
+    def log_prob(node, name: str) -> MicroBatches:
+        return micro_batches(node.log_prob_micro_batch_size_per_gpu, node.log_prob_micro_batch_size,
+                             node.log_prob_use_dynamic_bsz, node.log_prob_max_token_len_per_gpu, ranks,
+                             f"actor_rollout_ref.{name}.log_prob_micro_batch_size_per_gpu",
+                             f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu")
+
+    critic_update = critic_forward = None
+    if use_critic:
+        critic = config.critic
+        critic_update = UpdateBatches(
+            critic.ppo_mini_batch_size * critic.rollout_n // ranks,
+            micro_batches(critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, critic.use_dynamic_bsz,
+                          critic.ppo_max_token_len_per_gpu, ranks, "critic.ppo_micro_batch_size_per_gpu",
+                          "critic.ppo_max_token_len_per_gpu"))
+        critic_forward = micro_batches(critic.forward_micro_batch_size_per_gpu, critic.forward_micro_batch_size,
+                                       critic.use_dynamic_bsz, critic.forward_max_token_len_per_gpu, ranks,
+                                       "critic.forward_micro_batch_size_per_gpu", "critic.forward_max_token_len_per_gpu")
+    reward_model_forward = None
+    if config.reward_model.enable:
+        rm = config.reward_model
+        reward_model_forward = micro_batches(rm.micro_batch_size_per_gpu, rm.micro_batch_size, rm.use_dynamic_bsz,
+                                             rm.forward_max_token_len_per_gpu, ranks,
+                                             "reward_model.micro_batch_size_per_gpu",
+                                             "reward_model.forward_max_token_len_per_gpu")
+    return RunPlan(
+        device=device,
+        nnodes=trainer.nnodes,
+        ranks_per_node=trainer.n_gpus_per_node,
+        n_ranks=ranks,
+        rollout_n=n,
+        rows_per_rank=data.train_batch_size * n // ranks,
+        rollout_engine=engine,
+        agent_loop=uses_agent_loop(rollout),
+        share_cpu_engine=share_cpu_engine(rollout.share_cpu_engine, engine, device, trainer.nnodes, ranks,
+                                          actor_parameters),
+        old_log_prob_source=old_log_prob_source(config, engine, device),
+        update_needs_entropy=build_actor_objective(actor).needs_entropy,
+        use_reference_policy=bool(actor.use_kl_loss or algorithm.use_kl_in_reward),
+        use_critic=use_critic,
+        use_reward_model=bool(config.reward_model.enable),
+        remove_padding=bool(model.use_remove_padding),
+        critic_remove_padding=bool(config.critic.model.use_remove_padding),
+        param_dtype="float32",
+        compute_dtype=compute_dtype(device, actor.fsdp_config, "actor_rollout_ref.actor.fsdp_config"),
+        critic_compute_dtype=compute_dtype(device, config.critic.model.fsdp_config, "critic.model.fsdp_config"),
+        actor_update=actor_update,
+        actor_log_prob=log_prob(rollout, "rollout"),
+        ref_log_prob=log_prob(ref, "ref"),
+        critic_update=critic_update,
+        critic_forward=critic_forward,
+        reward_model_forward=reward_model_forward,
+    )
