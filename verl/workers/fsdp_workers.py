@@ -28,6 +28,7 @@ from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint, 
 from verl.utils.fsdp_utils import build_optimizer, move_optimizer_state, shard_model
 from verl.utils.import_utils import import_external_libs
 from verl.utils.lora import apply_lora, lora_scaling, merge_lora_items
+from verl.utils.packing import uses_varlen_attention
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 from verl.workers.rollout.agent_loop import build_agent_loop
@@ -203,6 +204,15 @@ class ActorRolloutRefWorker(Worker):
         )
         return model.to(self._torch_device)
 
+    def _load_engine_module(self):
+        """The HF engine's own float32 copy of the model (its log-probs are then the actor's up to rounding). The
+        flash-attn kernels take no float32: with one selected (model.override_config.attn_implementation, for the
+        actor's packed passes) the engine's copy attends with sdpa."""
+        module = self._load_hf_model()
+        if uses_varlen_attention(module.config):
+            module.set_attn_implementation("sdpa")
+        return module
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         """Load the HF model, shard the actor and reference with FSDP2, build the optimizer and the rollout engine."""
@@ -250,7 +260,7 @@ class ActorRolloutRefWorker(Worker):
                 engine = get_rollout_cls(name).build(
                     model_path=os.path.expanduser(model_cfg.path), tokenizer=self.tokenizer, config=rollout,
                     device=str(self._torch_device), seed=seed,
-                    load_module=self._load_hf_model, weights_follow=self._is_actor,
+                    load_module=self._load_engine_module, weights_follow=self._is_actor,
                     tokenizer_path=os.path.expanduser(model_cfg.tokenizer_path) if model_cfg.tokenizer_path else None,
                     trust_remote_code=model_cfg.trust_remote_code,
                     hf_overrides=OmegaConf.to_container(model_cfg.override_config, resolve=True))
