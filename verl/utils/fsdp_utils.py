@@ -45,6 +45,11 @@ def shard_model(model: torch.nn.Module, mesh, device: str, fsdp_config=None,
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+    if device == "cpu":
+        # FSDP averages the ranks' gradients with a ReduceOp.AVG reduce-scatter, which gloo sums in torch 2.8: make it
+        # sum and divide by the number of ranks itself, the mean on every torch.
+        for module in (*layers, model):
+            module.set_force_sum_reduction_for_comms(True)
     return model
 
 

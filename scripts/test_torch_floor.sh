@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Run the tests that lean on torch.distributed (FSDP2, the weight push, checkpoints and re-sharding, the model merger,
+# LoRA, the PPO actor and critic, the SFT trainer, end-to-end GRPO runs through Ray) under the oldest torch that
+# requirements.txt allows, in a venv of its own, to keep that floor honest. Not part of scripts/test.sh: run it when a
+# change uses a torch API that may be newer than the floor, or before moving the floor.
+# Usage: scripts/test_torch_floor.sh [pytest args]   (TORCH_VERSION=2.9.1 scripts/test_torch_floor.sh: another torch)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+torch_version="${TORCH_VERSION:-$(sed -n 's/^torch>=\([0-9.]*\).*/\1/p' requirements.txt)}"
+export QUIVER_VENV="${QUIVER_FLOOR_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/quiver/venv-torch-$torch_version}"
+
+# Every pip call below keeps this torch, whatever a dependency would rather have.
+constraints="$(mktemp)"
+trap 'rm -f "$constraints"' EXIT
+echo "torch==$torch_version" > "$constraints"
+export PIP_CONSTRAINT="$constraints"
+if [ ! -x "$QUIVER_VENV/bin/python" ]; then
+  python3 -m venv "$QUIVER_VENV"
+  "$QUIVER_VENV/bin/pip" install "torch==$torch_version"
+fi
+source scripts/_setup_venv.sh test
+python -c "import torch, transformers as t; print(f'[floor] torch {torch.__version__}, transformers {t.__version__}')"
+
+pytest -q --timeout=900 -p no:cacheprovider \
+  tests/utils/test_fsdp_utils.py tests/workers/test_full_state_dict.py tests/utils/checkpoint tests/model_merger \
+  tests/utils/test_lora.py tests/workers/actor tests/workers/critic tests/trainer/test_fsdp_sft_trainer.py \
+  tests/e2e/test_grpo_e2e.py tests/e2e/test_checkpoint_resume.py tests/e2e/test_run_dir_and_resume.py "$@"
