@@ -198,6 +198,7 @@ def test_disable_over_an_earlier_run_is_refused_unless_overwrite(
         "config.yaml",
         "global_step_1",
         LATEST_FILE,
+        "memory_estimate.json",
         "metrics.jsonl",
         "run.lock",
     ]

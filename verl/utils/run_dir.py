@@ -31,13 +31,15 @@ from verl.utils.tracking import METRICS_FILE
 LOCK_FILE = "run.lock"
 OWNER_FILE = "run_owner.json"
 # What a PPO run writes into its directory (and overwrite=true deletes), by name prefix: checkpoints and their
-# temporary and replaced copies, the latest marker, the metrics, the resolved config, RLPR's scoreA, the loggers' dirs.
+# temporary and replaced copies, the latest marker, the metrics, the resolved config and memory estimate, RLPR's scoreA,
+# the loggers' dirs.
 RUN_OUTPUTS = (
     "global_step_",
     TMP_PREFIX,
     LATEST_FILE,
     METRICS_FILE,
     "config.yaml",
+    "memory_estimate.json",
     "scoreA.json",
     "wandb",
     "tensorboard",
