@@ -90,7 +90,8 @@ def probe_plan(config):
 
     shapes = ppo_model_shapes(config, critic=False)
     plan = dataclasses.replace(plan_run(config, "cpu", shapes["actor"].parameters), old_log_prob_source="recompute")
-    plan, _ = check_ppo_memory(config, plan, shapes)
+    plan, _ = check_ppo_memory(config, plan, shapes,
+                               replan=lambda changed: plan_run(changed, "cpu", shapes["actor"].parameters))
     return plan, shapes
 
 

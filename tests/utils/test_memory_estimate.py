@@ -166,6 +166,11 @@ WIDE = ModelShape(
 )
 
 
+def _replan(changed, device="cpu", shape=WIDE):
+    """The plan of a config the refusal's suggestions change (main_ppo passes plan_run for the run's device/model)."""
+    return plan_run(changed, device, shape.parameters)
+
+
 def wide_config(*overrides: str):
     """16 sequences of 512 + 1024 tokens per rank, one mini-batch (the run is on-policy: no old-log-prob pass)."""
     return small_config(
@@ -184,7 +189,7 @@ def test_a_config_that_cannot_fit_is_refused_naming_the_key_and_a_value_that_fit
     before = estimate_ppo_memory(config, plan, {"actor": WIDE})
     assert before.peak > 12 * GIB and before.peak_phase == "update_actor"
     with pytest.raises(ConfigError) as err:
-        check_ppo_memory(config, plan, shapes={"actor": WIDE})
+        check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
     message = str(err.value)
     assert "update_actor" in message and "trainer.memory_check=warn" in message
     line = next(
@@ -198,11 +203,11 @@ def test_a_config_that_cannot_fit_is_refused_naming_the_key_and_a_value_that_fit
     assert "the run needs about" in message and "logits" in message
 
     config.trainer.memory_check = "warn"
-    warned_plan, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE})
+    warned_plan, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
     assert estimate.peak == before.peak and warned_plan.actor_update == plan.actor_update  # the user's size stays
     assert "[memory] warning" in capsys.readouterr().out
     config.trainer.memory_check = "off"
-    assert check_ppo_memory(config, plan, shapes={"actor": WIDE}) == (plan, None)
+    assert check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan) == (plan, None)
 
 
 # The update of the wide config on 2 CPU ranks (float32, checkpointing on), by hand: what does not depend on the
@@ -217,7 +222,7 @@ def test_an_unset_micro_batch_is_sized_to_the_largest_divisor_that_fits(capsys):
     config = wide_config("trainer.memory_per_rank_gb=12")
     plan = plan_run(config, "cpu")
     assert plan.actor_update.micro.size is None and plan.actor_update.mini_batch == 16
-    sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE})
+    sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
     # 16 and 8 sequences do not fit 90% of 12 GiB, and neither does 4 (12.59e9 > 11.60e9); 2 does (8.72e9).
     assert WIDE_UPDATE_FIXED + 4 * WIDE_UPDATE_PER_SEQUENCE > WARN_SHARE * 12 * GIB
     assert estimate.total("update_actor") == WIDE_UPDATE_FIXED + 2 * WIDE_UPDATE_PER_SEQUENCE <= WARN_SHARE * 12 * GIB
@@ -254,7 +259,7 @@ def test_each_unset_pass_is_sized_on_its_own_and_the_users_sizes_stay():
         "trainer.memory_check=warn",  # the user's update of 16 sequences does not fit
     )
     plan = plan_run(config, "cpu")
-    sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE})
+    sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
     assert sized.actor_update == plan.actor_update and sized.ref_log_prob == plan.ref_log_prob
     # The old-log-prob pass: 4 float32 copies of a sequence's 1024 x 151936 logits (with the entropy) per sequence
     # beside what the rank holds (now with the reference's weights): 2 sequences fit 90% of 12 GiB, 4 do not.
@@ -275,7 +280,7 @@ def test_a_token_budget_is_not_sized():
     )
     plan = plan_run(config, "cpu")
     assert plan.actor_update.micro.dynamic and plan.ref_log_prob.dynamic
-    sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE})
+    sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
     assert sized == plan and not sized.sized_by_memory
     # The budget of 16384 tokens holds 10 sequences of 1536: the update's logits are theirs.
     assert estimate.phases["update_actor"]["logits"] == 10 * 1024 * 151936 * 4 * 3
@@ -287,7 +292,7 @@ def test_a_run_that_cannot_fit_at_micro_batch_1_is_refused_naming_the_levers_lef
     config = wide_config("actor_rollout_ref.model.enable_gradient_checkpointing=false", "trainer.memory_per_rank_gb=7")
     peak = WIDE_UPDATE_FIXED + 1024 * 151936 * 4 * 3 + 1536 * 12 * (4 * (8 * 896 + 4 * 4864 + 2 * 128) + 4 * 14)
     with pytest.raises(ConfigError) as err:
-        check_ppo_memory(config, plan_run(config, "cpu"), shapes={"actor": WIDE})
+        check_ppo_memory(config, plan_run(config, "cpu"), shapes={"actor": WIDE}, replan=_replan)
     message = str(err.value)
     assert message.startswith(f"the run needs about {peak / GIB:.2f} GiB per rank in update_actor, more than the 7.00")
     assert (
@@ -354,7 +359,7 @@ def test_the_first_contact_job_on_one_80gb_gpu_starts_on_defaults(tmp_path, caps
     assert whole.phases["old_log_prob"]["logits"] == 128 * 256 * 151936 * OLD_LOG_PROB_LOGITS
     assert not whole.fits()
 
-    sized, estimate = check_ppo_memory(config, plan)
+    sized, estimate = check_ppo_memory(config, plan, replan=lambda changed: _replan(changed, "cuda", shape))
     assert sized.sized_by_memory == (
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 64),  # the whole mini-batch fits: 41.87 GiB
         ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 64),  # half the rows: 48.14 GiB
@@ -389,7 +394,8 @@ def test_a_mini_batch_of_128_sequences_is_cut_to_fit_an_80gb_gpu(tmp_path):
     assert whole.phases["update_actor"]["logits"] == 128 * 256 * 151936 * UPDATE_LOGITS
     assert f"{whole.total('update_actor') / GIB:.2f}" == "75.31" and whole.peak > WARN_SHARE * 80 * GIB
 
-    sized, estimate = check_ppo_memory(config, plan, {"actor": shape})
+    sized, estimate = check_ppo_memory(config, plan, {"actor": shape},
+                                       replan=lambda changed: _replan(changed, "cuda", shape))
     assert sized.actor_update.micro.size == 64 and sized.actor_update.mini_batch == 128
     assert sized.old_log_prob_source == "actor" and "old_log_prob" not in estimate.phases
     assert estimate.peak_phase == "update_actor" and f"{estimate.peak / GIB:.2f}" == "41.87"
@@ -404,9 +410,10 @@ def test_a_run_that_cannot_fit_while_generating_is_refused_naming_the_engine_and
         "actor_rollout_ref.actor.ppo_mini_batch_size=16",
         "trainer.memory_per_rank_gb=8",
     )
-    plan = plan_run(config, "cuda", read_model_shape(str(tmp_path)).parameters)
+    shape = read_model_shape(str(tmp_path))
+    plan = plan_run(config, "cuda", shape.parameters)
     with pytest.raises(ConfigError) as err:
-        check_ppo_memory(config, plan)
+        check_ppo_memory(config, plan, replan=lambda changed: _replan(changed, "cuda", shape))
     message = str(err.value)
     assert message.startswith("the run needs about 10.02 GiB per rank in generate, more than the 8.00 GiB")
     assert "vllm (gpu_memory_utilization) 4.00 GiB" in message
@@ -446,7 +453,7 @@ def test_main_ppo_refuses_before_ray_with_exit_code_2(
 
 def test_the_default_config_fits_this_machine(tiny_model_dir, capsys):
     config = load_config("ppo_trainer", ["trainer.device=cpu", f"actor_rollout_ref.model.path={tiny_model_dir}"])
-    _, estimate = check_ppo_memory(config, plan_run(config, "cpu"))
+    _, estimate = check_ppo_memory(config, plan_run(config, "cpu"), replan=lambda changed: plan_run(changed, "cpu"))
     assert estimate.fits() and estimate.peak < GIB
     assert "[memory] estimated peak per rank" in capsys.readouterr().out
 
@@ -506,6 +513,6 @@ def test_the_trainer_phases_name_their_out_of_memory_and_let_other_errors_throug
 def test_no_estimate_when_the_model_directory_cannot_be_read(tmp_path, capsys):
     config = load_config("ppo_trainer", ["trainer.device=cpu", f"actor_rollout_ref.model.path={tmp_path}"])
     plan = plan_run(config, "cpu")
-    assert check_ppo_memory(config, plan) == (plan, None)
+    assert check_ppo_memory(config, plan, replan=_replan) == (plan, None)
     assert "[memory] no estimate" in capsys.readouterr().out
     assert os.listdir(tmp_path) == []

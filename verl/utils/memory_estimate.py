@@ -47,15 +47,13 @@ import copy
 import dataclasses
 import os
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.config import ConfigError
 from verl.utils.fsdp_utils import reshards_after_forward
-
-if TYPE_CHECKING:  # not at run time: run_plan's imports (the config schema) import this module
-    from verl.trainer.ppo.run_plan import MicroBatches, RunPlan
+from verl.utils.run_plan import MicroBatches, RunPlan
 
 GIB = 1024**3
 FLOAT32_BYTES = 4
@@ -661,12 +659,16 @@ def check_ppo_memory(
     plan: RunPlan,
     shapes: dict[str, ModelShape] | None = None,
     vllm_cpu_kv_cache_bytes: int | None = None,
+    *,
+    replan: Callable[[DictConfig], RunPlan],
 ) -> tuple[RunPlan, MemoryEstimate | None]:
     """Size the micro-batches the config leaves unset from the per-rank estimate (`size_micro_batches`), print the
     estimate and, per `trainer.memory_check`, refuse (ConfigError) or warn when its peak does not fit the capacity
     (`trainer.memory_per_rank_gb`, else the device's). Returns (the plan to run, the estimate); with
     memory_check=off, or when the models' shapes cannot be read (the workers then report the model's problem
-    themselves), (the plan unchanged, None)."""
+    themselves), (the plan unchanged, None). `replan(config)` is the plan of a changed config (the run plan's maker,
+    verl/trainer/ppo/run_plan.py `plan_run`, for this device and model): each suggested change is re-planned and
+    re-estimated."""
     trainer = config.trainer
     mode = trainer.memory_check
     if mode == "off":
@@ -687,9 +689,7 @@ def check_ppo_memory(
         return sized, estimate_ppo_memory(cfg, sized, shapes, capacity, source, vllm_cpu_kv_cache_bytes)
 
     def replanned(changed: DictConfig) -> MemoryEstimate:
-        from verl.trainer.ppo.run_plan import plan_run  # not on top: its imports (the schema) import this module
-
-        return sized_estimate(changed, plan_run(changed, plan.device, shapes["actor"].parameters))[1]
+        return sized_estimate(changed, replan(changed))[1]
 
     plan, estimate = sized_estimate(config, plan)
     if plan.sized_by_memory:

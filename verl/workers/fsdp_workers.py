@@ -29,6 +29,7 @@ from verl.utils.fsdp_utils import build_optimizer, move_optimizer_state, shard_m
 from verl.utils.import_utils import import_external_libs
 from verl.utils.lora import apply_lora, lora_scaling, merge_lora_items
 from verl.utils.packing import uses_varlen_attention
+from verl.utils.run_plan import RunPlan
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 from verl.workers.rollout.agent_loop import build_agent_loop
@@ -170,7 +171,7 @@ class ActorRolloutRefWorker(Worker):
     """Holds the models of one rank. `config` is the `actor_rollout_ref` node of the trainer config, as the user wrote
     it; `plan` is the run's plan (verl/trainer/ppo/run_plan.py): device, engine, per-rank batch sizes, dtypes."""
 
-    def __init__(self, config: DictConfig, role: str, plan, seed: int = 0, plugins: list[str] | None = None):
+    def __init__(self, config: DictConfig, role: str, plan: RunPlan, seed: int = 0, plugins: list[str] | None = None):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"unknown worker role {role!r}; expected one of {ROLES}")
@@ -437,7 +438,7 @@ class CriticWorker(Worker):
     schedule. `config` is the trainer config's `critic` node, with `model.path` and `model.tokenizer_path` filled in
     (the trainer puts the actor's there when they are null)."""
 
-    def __init__(self, config: DictConfig, plan, seed: int = 0, plugins: list[str] | None = None):
+    def __init__(self, config: DictConfig, plan: RunPlan, seed: int = 0, plugins: list[str] | None = None):
         super().__init__()
         self.config = copy.deepcopy(config)
         self.plan = plan

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
+from verl.utils.run_plan import UpdateBatches
 from verl.utils.seqlen_balancing import split_micro_batches
 
 
@@ -41,7 +42,8 @@ def micro_batch_weights(mini_batch, micro_batches, loss_agg_mode: str) -> list[t
     return [micro["response_mask"].sum() * world / tokens.to(micro["response_mask"].device) for micro in micro_batches]
 
 
-def ppo_mini_batches(batch: TensorDict, config, batches) -> Iterator[list[tuple[TensorDict, torch.Tensor | float]]]:
+def ppo_mini_batches(batch: TensorDict, config,
+                     batches: UpdateBatches | None) -> Iterator[list[tuple[TensorDict, torch.Tensor | float]]]:
     """The mini-batches of a PPO update, in order, each as its (micro_batch, loss weight) pairs; the caller takes
     one optimizer step after each.
 

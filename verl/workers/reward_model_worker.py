@@ -29,6 +29,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.fsdp_utils import reshard_all, shard_model
 from verl.utils.import_utils import import_external_libs
 from verl.utils.packing import pack_rows, uses_varlen_attention
+from verl.utils.run_plan import RunPlan
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
 from verl.utils.torch_functional import pad_2d_list_to_tensor
 from verl.workers.reward_manager.naive import last_valid_position
@@ -70,7 +71,7 @@ class RewardModelWorker(Worker):
     """Holds one rank of the reward model. `config` is the `reward_model` node of the trainer config; `plan` the run's
     plan (verl/trainer/ppo/run_plan.py: the device and this rank's micro-batches)."""
 
-    def __init__(self, config: DictConfig, plan, plugins: list[str] | None = None):
+    def __init__(self, config: DictConfig, plan: RunPlan, plugins: list[str] | None = None):
         super().__init__()
         self.config = copy.deepcopy(config)
         self.device = device = plan.device

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.protocol import DataProto
-from verl.trainer.ppo.run_plan import MicroBatches, UpdateBatches
+from verl.utils.run_plan import MicroBatches, UpdateBatches
 from verl.utils.torch_functional import logprobs_from_logits
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForTokenClassification
 
 from verl.protocol import DataProto
-from verl.trainer.ppo.run_plan import MicroBatches, UpdateBatches
+from verl.utils.run_plan import MicroBatches, UpdateBatches
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 
 PROMPT, RESPONSE, VOCAB = 5, 6, 50

@@ -29,12 +29,12 @@ from verl.trainer.ppo.guards import SkippedStepGuard, check_reward_failures
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
-from verl.trainer.ppo.run_plan import RunPlan
 from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, remove_old_checkpoints, select_resume_checkpoint
 from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
 from verl.utils.memory_estimate import name_out_of_memory
+from verl.utils.run_plan import RunPlan
 from verl.utils.seqlen_balancing import balance_batch_partitions
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking, dump_generations

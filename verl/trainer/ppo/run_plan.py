@@ -12,11 +12,13 @@ batch sizes count prompts, and nothing rewrites them.
                        the largest that the memory estimate fits (the whole share when memory_check=off)
     rollout engine     rollout.name, with auto resolved: vllm on CUDA when it is installed, else hf
     old log-probs      recompute | actor | rollout (`old_log_prob_source`)
+
+What a plan holds (`RunPlan`, `UpdateBatches`, `MicroBatches`) is defined on the lowest floor, verl/utils/run_plan.py,
+so that the workers and the memory estimate read it without importing the trainer; this module makes it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 from omegaconf import DictConfig
@@ -27,6 +29,7 @@ from verl.trainer.ppo.config_rules import critic_enabled, world_size
 from verl.trainer.ppo.rollout_corr_helper import correction_enabled
 from verl.utils.config import ConfigError, option
 from verl.utils.fsdp_utils import COMPUTE_DTYPES
+from verl.utils.run_plan import MicroBatches, RunPlan, UpdateBatches
 from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
 
 # share_cpu_engine=null shares the HF engine from this many actor parameters on: a model of hundreds of MB no cache
@@ -34,87 +37,8 @@ from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
 # rank, the Qwen2.5-0.5B shape faster with one shared engine; benchmarks/README.md).
 SHARED_ENGINE_MIN_PARAMETERS = 50_000_000
 
-
-@dataclasses.dataclass(frozen=True)
-class MicroBatches:
-    """How one pass cuts a rank's sequences into micro-batches (one forward, and backward, each).
-
-    size: sequences per micro-batch; None = all of them at once (only where nothing sized it and no estimate ran).
-    max_token_len: with use_dynamic_bsz, the token budget of a micro-batch (size is then None).
-    key: the config key that sizes it (the micro-batch size, or with use_dynamic_bsz the token budget), for messages.
-    """
-
-    size: int | None
-    max_token_len: int | None
-    key: str
-
-    @property
-    def dynamic(self) -> bool:
-        return self.max_token_len is not None
-
-
-@dataclasses.dataclass(frozen=True)
-class UpdateBatches:
-    """A trained model's update on one rank: mini-batches of `mini_batch` sequences (one optimizer step each), cut
-    into `micro` micro-batches."""
-
-    mini_batch: int
-    micro: MicroBatches
-
-
-@dataclasses.dataclass(frozen=True)
-class RunPlan:
-    """The derived facts of one PPO run (see the module docstring). Frozen: `dataclasses.replace` makes a changed
-    copy, as the memory sizing does before the plan is handed out."""
-
-    device: str  # cpu | cuda
-    nnodes: int
-    ranks_per_node: int
-    n_ranks: int
-    rollout_n: int
-    rows_per_rank: int
-    rollout_engine: str  # hf | vllm | openai | a user's registered engine
-    agent_loop: bool  # the tool loop (sync_with_tool / multi_turn)
-    share_cpu_engine: bool  # the ranks of the node decode through one HF engine on rank 0
-    old_log_prob_source: str  # recompute | actor | rollout
-    update_needs_entropy: bool  # the actor's objective reads the token entropy in the update
-    use_reference_policy: bool
-    use_critic: bool
-    use_reward_model: bool
-    remove_padding: bool  # the actor's and the reference's passes (actor_rollout_ref.model.use_remove_padding)
-    critic_remove_padding: bool
-    param_dtype: str  # every model is loaded in float32 and sharded so
-    compute_dtype: str  # the actor's and reference's mixed precision on CUDA; float32 on CPU
-    critic_compute_dtype: str
-    actor_update: UpdateBatches
-    actor_log_prob: MicroBatches  # the old-log-prob pass (rollout.log_prob_*)
-    ref_log_prob: MicroBatches  # the reference pass (ref.log_prob_*)
-    critic_update: UpdateBatches | None = None
-    critic_forward: MicroBatches | None = None
-    reward_model_forward: MicroBatches | None = None
-    # The micro-batch keys the memory estimate sized (they were unset): key -> sequences.
-    sized_by_memory: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def processes_per_rank(self) -> int:
-        """Worker processes on each rank (its resource bundle): the actor's, the critic's and the reward model's."""
-        return 1 + self.use_critic + self.use_reward_model
-
-    def describe(self) -> str:
-        """One line for the start of a run."""
-        sizes = f"actor mini-batch {self.actor_update.mini_batch} seq/rank, micro {_size(self.actor_update.micro)}"
-        if self.critic_update is not None:
-            sizes += f"; critic micro {_size(self.critic_update.micro)}"
-        passes = [name for name, on in (("reference", self.use_reference_policy), ("critic", self.use_critic),
-                                        ("reward model", self.use_reward_model)) if on]
-        return (f"[plan] {self.n_ranks} rank(s) on {self.device} ({self.nnodes} node(s)), engine {self.rollout_engine}"
-                f"{' shared per node' if self.share_cpu_engine else ''}, old log-probs: {self.old_log_prob_source}, "
-                f"{'+'.join(passes) or 'no reference/critic'}, remove padding {'on' if self.remove_padding else 'off'}, "
-                f"compute {self.compute_dtype}; {sizes}")
-
-
-def _size(micro: MicroBatches) -> str:
-    return f"<= {micro.max_token_len} tokens" if micro.dynamic else str(micro.size if micro.size else "all")
+__all__ = ["SHARED_ENGINE_MIN_PARAMETERS", "MicroBatches", "RunPlan", "UpdateBatches", "micro_batches",
+           "old_log_prob_source", "plan_run", "share_cpu_engine"]
 
 
 def micro_batches(per_gpu, global_size, dynamic: bool, max_token_len: int, ranks: int, key: str,

@@ -28,6 +28,7 @@ from verl.utils.packing import (
     unpack_responses,
     uses_varlen_attention,
 )
+from verl.utils.run_plan import UpdateBatches
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
 from verl.utils.torch_functional import logprobs_and_entropy
 from verl.workers.ppo_batches import ppo_mini_batches
@@ -70,7 +71,7 @@ class DataParallelPPOActor:
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: torch.optim.Optimizer | None = None,
-                 *, use_remove_padding: bool, batches=None):
+                 *, use_remove_padding: bool, batches: UpdateBatches | None = None):
         self.config = config
         self.batches = batches  # the plan's UpdateBatches: this rank's mini- and micro-batches (needed to update)
         self.use_remove_padding = use_remove_padding

@@ -23,6 +23,7 @@ from verl.utils.packing import (
     unpack_responses,
     uses_varlen_attention,
 )
+from verl.utils.run_plan import MicroBatches, UpdateBatches
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
 from verl.utils.torch_functional import masked_mean
 from verl.workers.ppo_batches import ppo_mini_batches
@@ -41,7 +42,8 @@ class DataParallelPPOCritic:
     """
 
     def __init__(self, config, critic_module: torch.nn.Module, critic_optimizer: torch.optim.Optimizer | None = None,
-                 *, use_remove_padding: bool, batches=None, forward=None):
+                 *, use_remove_padding: bool, batches: UpdateBatches | None = None,
+                 forward: MicroBatches | None = None):
         self.config = config
         self.batches, self.forward = batches, forward
         self.critic_module = critic_module
