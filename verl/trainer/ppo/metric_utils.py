@@ -12,8 +12,10 @@ from verl.utils.torch_functional import masked_mean
 
 
 def reduce_metrics(metrics: dict[str, Iterable[float]]) -> dict[str, float]:
-    """Mean of each list of values (workers return one value per micro-batch and rank)."""
-    return {key: float(np.mean(list(values))) for key, values in metrics.items() if len(list(values))}
+    """Mean of each list of values (workers return one value per micro-batch and rank); a peak memory figure
+    (`memory/...`, one per rank from the device door) is the largest."""
+    return {key: float(np.max(values) if key.startswith("memory/") else np.mean(values))
+            for key, values in ((k, list(v)) for k, v in metrics.items()) if len(values)}
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:

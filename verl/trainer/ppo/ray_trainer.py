@@ -54,6 +54,13 @@ def _timer(name: str, timing: dict[str, float]):
     timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
+def _with_metrics(output: DataProto, metrics: dict) -> DataProto:
+    """A worker pass's output without its `meta_info["metrics"]`, which go into the step's `metrics` (reduced over
+    ranks): the device door's peak memory of the pass on CUDA, and what the pass itself reports."""
+    metrics.update(reduce_metrics(output.meta_info.pop("metrics", {})))
+    return output
+
+
 def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty: str = "kl") -> tuple[DataProto, dict[str, float]]:
     """token_level_rewards = token_level_scores - beta * KL(actor || ref) per token; adapts beta when adaptive."""
     mask = data.batch["response_mask"]
@@ -392,7 +399,7 @@ class RayPPOTrainer:
                 raise ValueError("algorithm.rollout_correction.bypass_mode=true takes the old log-probs from the "
                                  "rollout, but this rollout returned no rollout_log_probs; set bypass_mode=false")
             if source == "recompute":
-                batch = batch.union(self.actor_rollout_wg.compute_log_prob(batch))
+                batch = batch.union(_with_metrics(self.actor_rollout_wg.compute_log_prob(batch), metrics))
             elif source == "rollout":
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
             if source != "recompute" and "rollout_entropys" in batch.batch and self.plan.rollout_engine == "hf":
@@ -402,10 +409,10 @@ class RayPPOTrainer:
             metrics["actor/old_log_prob_recomputed"] = float(source == "recompute")
         if self.use_reference_policy:
             with _timer("ref", timing):
-                batch = batch.union(self.actor_rollout_wg.compute_ref_log_prob(batch))
+                batch = batch.union(_with_metrics(self.actor_rollout_wg.compute_ref_log_prob(batch), metrics))
         if self.use_critic:
             with _timer("values", timing):
-                batch = batch.union(self.critic_wg.compute_values(batch))
+                batch = batch.union(_with_metrics(self.critic_wg.compute_values(batch), metrics))
 
         # Rollout correction (algorithm.rollout_correction): IS weights for the loss, rejected tokens out of the mask.
         batch, correction_metrics = compute_rollout_correction_and_add_to_batch(batch, cfg.algorithm.rollout_correction)
