@@ -1,10 +1,11 @@
-"""Seconds per GRPO step: Quiver against TRL's `GRPOTrainer`, same model, prompts and settings, on CPU.
+"""Seconds per GRPO step: Quiver against TRL's `GRPOTrainer`, same model, prompts and settings, on CPU or one GPU.
 
     .venv/bin/pip install -r benchmarks/requirements.txt     # TRL, for this benchmark only
     .venv/bin/python benchmarks/grpo_step.py                 # tiny model, 8 prompts x 8 samples x 32 tokens, 2 ranks
     .venv/bin/python benchmarks/grpo_step.py --preset qwen2.5-0.5b          # Qwen2.5-0.5B's shape, random weights
     .venv/bin/python benchmarks/grpo_step.py --preset qwen2.5-0.5b --kl-loss --side quiver   # + reference model
     .venv/bin/python benchmarks/grpo_step.py --layers 4 --hidden-size 256 --ranks 1 --out /tmp/r1.json
+    python benchmarks/grpo_step.py --preset qwen2.5-0.5b-gpu     # one GPU, bf16: 16 prompts x 8 samples x 256 tokens
 
 Both sides train the same model (random weights, built once into a temp dir: the tiny Qwen2 of
 `verl.demo.tiny_model`, or the shape of `--preset` / the shape flags) on the arithmetic train prompts, with the
@@ -12,16 +13,28 @@ same GRPO step: `--prompts` prompts x `--n` samples at temperature 1, at most `-
 rule reward `default_compute_score("arithmetic", ...)`, group-normalised advantages (reward - mean) / std, PPO-clip
 at 0.2 with the token-mean loss (TRL's "dapo"), no KL term (beta = 0; `--kl-loss`: a frozen reference model and
 the k3 KL loss at 0.001 on both sides), one epoch and one optimizer step (AdamW, the same lr and weight decay,
-constant schedule, grad-norm clip 1.0) per batch, fp32, no gradient checkpointing. Each side runs its defaults
-otherwise (Quiver: `algorithm.rollout_correction.bypass_mode=auto`, so, as TRL, no separate old-log-prob pass for
-this on-policy update).
+constant schedule, grad-norm clip 1.0) per batch, no gradient checkpointing, the HF rollout engine (TRL without
+vLLM). Each side runs its defaults otherwise (Quiver: `algorithm.rollout_correction.bypass_mode=auto`, so, as TRL, no
+separate old-log-prob pass for this on-policy update).
+
+`--device cpu` (the default): fp32, Quiver on `--ranks` CPU ranks (2). `--device cuda` (`auto`: cuda when torch sees a
+GPU): both sides on one GPU in the same bf16 mixed precision -- float32 weights, gradients and AdamW state, matrix
+products in bfloat16 (Quiver: FSDP2's `MixedPrecisionPolicy` with `actor.fsdp_config.dtype=bfloat16`; TRL:
+`bf16=True`, accelerate's autocast, with the model loaded in float32). Quiver's HF engine decodes with its own float32
+copy of the weights, TRL's `generate` under the same autocast. TRL takes the whole batch in one forward/backward
+unless `--trl-micro-batch` splits it (gradient accumulation, still one generation and one optimizer step per batch);
+Quiver sizes its micro-batches itself from its memory estimate.
 
 Each side runs in its own child process of this script, one after the other, so neither sees the other's threads,
 Ray workers or allocator. A step is timed from the start of generation to the end of the optimizer step (and, for
 Quiver, the weight push into the rollout engine); the first `--warmup` steps are dropped, and the ratio uses the
 median of the rest. The parent samples /proc every 0.25 s: the peak memory of each side's process tree (the sum of
 its processes' PSS, Ray workers included), and how many cores other processes kept busy meanwhile ("others"): on a
-shared machine a figure is only worth comparing when that is near 0.
+shared machine a figure is only worth comparing when that is near 0. On CUDA each side also reports its peak GPU
+memory twice: torch's `max_memory_allocated` (TRL: in its process; Quiver: the largest `memory/max_allocated_gib/<phase>`
+its worker logged, over phases and steps -- one worker process per GPU holds actor, rollout engine and reference),
+and the largest `memory.used` nvidia-smi reported while the side ran (every 0.25 s; the CUDA context and the caching
+allocator's reserve included), less what was in use before it started.
 """
 
 from __future__ import annotations
@@ -29,10 +42,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 
@@ -44,26 +59,43 @@ QUIVER_PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
 TRL_PHASES = ("gen", "reward")
 # Above this many cores busy with other processes, a side's timing is flagged as not comparable.
 CONTENDED_CORES = 0.3
+# Quiver's per-call peak of torch.cuda.max_memory_allocated, one metric per phase (the worker's device door logs it).
+QUIVER_CUDA_PEAK_METRIC = "memory/max_allocated_gib/"
 # Model shape flags (argparse dest -> `build_tiny_model` argument); None keeps the tiny model's default.
 SHAPE_FLAGS = {"hidden_size": "hidden_size", "layers": "num_layers", "heads": "num_heads",
                "kv_heads": "num_kv_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
-# --preset: a real model's shape with random weights, and the job size measured at that shape (flags given
-# explicitly win over both).
+# --preset: a real model's shape with random weights, and the job size (and device) measured at that shape (flags
+# given explicitly win over all three). The shapes are those of the models' config.json (both tie the embedding and
+# the LM head).
+QWEN25_05B = {"hidden_size": 896, "layers": 24, "heads": 14, "kv_heads": 2, "intermediate_size": 4864,
+              "vocab_size": 151936}
+QWEN25_15B = {"hidden_size": 1536, "layers": 28, "heads": 12, "kv_heads": 2, "intermediate_size": 8960,
+              "vocab_size": 151936}
+GPU_JOB = {"prompts": 16, "n": 8, "response_length": 256, "steps": 4, "device": "cuda"}
 PRESETS = {
-    "qwen2.5-0.5b": {
-        "shape": {"hidden_size": 896, "layers": 24, "heads": 14, "kv_heads": 2, "intermediate_size": 4864,
-                  "vocab_size": 151936},
-        "job": {"prompts": 2, "n": 4, "response_length": 64, "steps": 4},
-    },
+    "qwen2.5-0.5b": {"shape": QWEN25_05B, "job": {"prompts": 2, "n": 4, "response_length": 64, "steps": 4}},
+    # TRL took this job in one forward/backward at 69 GB on an H100 (shared/facts.md).
+    "qwen2.5-0.5b-gpu": {"shape": QWEN25_05B, "job": GPU_JOB},
+    # 128 sequences of ~290 tokens in one pass would need ~23 GB for the float32 logits alone: TRL accumulates 4
+    # micro-batches of 32 sequences.
+    "qwen2.5-1.5b-gpu": {"shape": QWEN25_15B, "job": {**GPU_JOB, "trl_micro_batch": 32}},
 }
-JOB_DEFAULTS = {"prompts": 8, "n": 8, "response_length": 32, "steps": 6}
+JOB_DEFAULTS = {"prompts": 8, "n": 8, "response_length": 32, "steps": 6, "device": "cpu"}
+DEVICES = ("cpu", "cuda", "auto")
+# Quiver's FSDP ranks when --ranks is not given: both cores of the CPU machine the CPU figures come from; one GPU.
+DEFAULT_RANKS = {"cpu": 2, "cuda": 1}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="a real model's shape (random weights) and its job size: qwen2.5-0.5b = 24 layers, hidden "
-                             "896, 14/2 heads, intermediate 4864, vocab 151936; 2 prompts x 4 samples x 64 tokens")
+                             "896, 14/2 heads, intermediate 4864, vocab 151936; 2 prompts x 4 samples x 64 tokens. "
+                             "qwen2.5-0.5b-gpu: the same shape, 16 prompts x 8 samples x 256 tokens on one GPU; "
+                             "qwen2.5-1.5b-gpu: 28 layers, hidden 1536, 12/2 heads, intermediate 8960, the same job")
+    parser.add_argument("--device", choices=DEVICES,
+                        help="cpu (fp32; the default) or cuda (one GPU, bf16 mixed precision on both sides); auto: "
+                             "cuda when torch sees a GPU. Default: the preset's, else cpu")
     parser.add_argument("--prompts", type=int, help="prompts per step (data.train_batch_size); default 8")
     parser.add_argument("--n", type=int, help="samples per prompt (rollout.n, TRL num_generations); default 8")
     parser.add_argument("--response-length", type=int, help="max tokens per response; default 32")
@@ -79,7 +111,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a frozen reference model and the k3 KL loss, coefficient 0.001, on both sides "
                              "(Quiver actor.use_kl_loss=true, TRL beta=0.001)")
     parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the timing")
-    parser.add_argument("--ranks", type=int, default=2, help="Quiver's FSDP ranks (trainer.n_gpus_per_node)")
+    parser.add_argument("--ranks", type=int,
+                        help="Quiver's FSDP ranks (trainer.n_gpus_per_node); default 2 on CPU, 1 on CUDA")
+    parser.add_argument("--trl-micro-batch", type=int,
+                        help="sequences per TRL forward/backward (per_device_train_batch_size; gradient accumulation "
+                             "over the batch's prompts x n); default the whole batch")
     parser.add_argument("--lr", type=float, default=1e-6, help="learning rate of both sides")
     parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay of both sides")
     parser.add_argument("--max-prompt-length", type=int, default=None,
@@ -98,9 +134,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, value in {**JOB_DEFAULTS, **preset.get("job", {}), **preset.get("shape", {})}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    args.device = resolve_device(args.device)
+    if args.ranks is None:
+        args.ranks = DEFAULT_RANKS[args.device]
     if args.steps <= args.warmup:
         parser.error(f"--steps={args.steps} must be larger than --warmup={args.warmup}: no step would be timed")
+    batch = args.prompts * args.n
+    if args.trl_micro_batch is not None and not (0 < args.trl_micro_batch <= batch and batch % args.trl_micro_batch == 0):
+        parser.error(f"--trl-micro-batch={args.trl_micro_batch} must divide the batch of --prompts x --n = {batch} "
+                     "sequences")
     return args
+
+
+def resolve_device(device: str) -> str:
+    """`--device` as Quiver resolves `trainer.device`: auto -> cuda when torch sees a GPU, else cpu; cuda where torch
+    sees none stops here, before any model is built."""
+    from verl.utils.config import ConfigError
+    from verl.utils.config import resolve_device as resolve_trainer_device
+
+    try:
+        return resolve_trainer_device(device)
+    except ConfigError as err:
+        raise SystemExit(f"--device={device}: {err}") from err
 
 
 # ----------------------------------------------------------------------------------------------- shared inputs
@@ -171,7 +226,16 @@ def run_quiver(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
     from verl.trainer.main_ppo import run_ppo
 
     max_prompt_length = args.max_prompt_length or longest_prompt_tokens(model_dir, data_dir)
-    overrides = [
+    try:
+        history = run_ppo(load_config(overrides=quiver_overrides(args, model_dir, data_dir, max_prompt_length)))
+    finally:
+        ray.shutdown()
+    return quiver_summary(args, history, max_prompt_length)
+
+
+def quiver_overrides(args: argparse.Namespace, model_dir: str, data_dir: str, max_prompt_length: int) -> list[str]:
+    """Quiver's Hydra overrides for the benchmark's job (the settings both sides share, see the module docstring)."""
+    return [
         f"actor_rollout_ref.model.path={model_dir}",
         f"data.train_files={data_dir}/train.parquet",
         f"data.val_files={data_dir}/test.parquet",
@@ -186,6 +250,7 @@ def run_quiver(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
         "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.top_p=1.0",
         "actor_rollout_ref.rollout.top_k=-1",
+        "actor_rollout_ref.rollout.name=hf",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
         "actor_rollout_ref.actor.ppo_epochs=1",
         f"actor_rollout_ref.actor.use_kl_loss={str(args.kl_loss).lower()}",
@@ -204,7 +269,9 @@ def run_quiver(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
         f"trainer.total_training_steps={args.steps}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
-        "trainer.device=cpu",
+        f"trainer.device={args.device}",
+        # Mixed precision on CUDA: bf16 compute, float32 master weights (the default, said out loud).
+        *(["actor_rollout_ref.actor.fsdp_config.dtype=bfloat16"] if args.device == "cuda" else []),
         f"trainer.seed={args.seed}",
         # Never resume from (or write) a checkpoint of another run.
         "trainer.resume_mode=disable",
@@ -212,10 +279,10 @@ def run_quiver(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
         f"trainer.default_local_dir={args.work_dir}/checkpoints",
         *args.quiver_override,
     ]
-    try:
-        history = run_ppo(load_config(overrides=overrides))
-    finally:
-        ray.shutdown()
+
+
+def quiver_summary(args: argparse.Namespace, history: list[dict], max_prompt_length: int) -> dict:
+    """Seconds per step and phase (and on CUDA the memory peaks) of the history `run_ppo` returned."""
     steps = [m["timing_s/step"] for m in history]
     phases = [{name: m.get(f"timing_s/{name}", 0.0) for name in QUIVER_PHASES} for m in history]
     timed = history[args.warmup:]
@@ -227,7 +294,24 @@ def run_quiver(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
         for part in ("update_actor", "weight_sync")
     }
     summary.update(ranks=args.ranks, max_prompt_length=max_prompt_length)
+    if args.device == "cuda":
+        summary.update(quiver_cuda_peaks(history))
     return summary
+
+
+def quiver_cuda_peaks(history: list[dict]) -> dict:
+    """The largest `memory/max_allocated_gib/<phase>` over the run's steps, per phase and over all phases: what
+    torch.cuda.max_memory_allocated said in Quiver's worker during each call (with several ranks, the trainer's
+    reduction of theirs). An empty dict when the run logged none."""
+    by_phase: dict[str, float] = {}
+    for metrics in history:
+        for key, value in metrics.items():
+            if key.startswith(QUIVER_CUDA_PEAK_METRIC):
+                phase = key[len(QUIVER_CUDA_PEAK_METRIC):]
+                by_phase[phase] = max(by_phase.get(phase, 0.0), float(value))
+    if not by_phase:
+        return {}
+    return {"cuda_max_allocated_gib": max(by_phase.values()), "cuda_max_allocated_gib_by_phase": by_phase}
 
 
 # ----------------------------------------------------------------------------------------------- TRL side
@@ -241,13 +325,21 @@ def run_trl(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
 
     phase_seconds: dict[str, float] = defaultdict(float)
     response_lengths: list[int] = []
+    on_cuda = args.device == "cuda"
+
+    def sync():
+        """Wait for the GPU's queued work, so that a phase's seconds are its own (CUDA runs asynchronously)."""
+        if on_cuda:
+            torch.cuda.synchronize()
 
     def timed(name, method):
         def wrapper(*a, **kw):
+            sync()
             start = time.perf_counter()
             try:
                 return method(*a, **kw)
             finally:
+                sync()
                 phase_seconds[name] += time.perf_counter() - start
 
         return wrapper
@@ -269,9 +361,11 @@ def run_trl(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
 
         def on_step_begin(self, *_, **__):
             phase_seconds.clear()
+            sync()
             self._start = time.perf_counter()
 
         def on_step_end(self, *_, **__):
+            sync()
             self.step_seconds.append(time.perf_counter() - self._start)
             self.phases.append({name: phase_seconds.get(name, 0.0) for name in TRL_PHASES})
 
@@ -280,18 +374,22 @@ def run_trl(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
         return [default_compute_score("arithmetic", completion[0]["content"], truth)
                 for completion, truth in zip(completions, ground_truth)]
 
+    batch = args.prompts * args.n
+    micro_batch = args.trl_micro_batch or batch
     config = GRPOConfig(
         output_dir=os.path.join(args.work_dir, "trl_output"),
-        use_cpu=True,
-        bf16=False,
+        use_cpu=not on_cuda,
+        # On CUDA, accelerate's bf16 autocast over float32 weights: Quiver's mixed precision. On CPU, fp32.
+        bf16=on_cuda,
         model_init_kwargs={"dtype": "float32"},
         gradient_checkpointing=False,
         seed=args.seed,
         max_steps=args.steps,
-        # One generation batch of prompts x n completions per optimizer step, in one forward/backward.
-        per_device_train_batch_size=args.prompts * args.n,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
+        # One generation batch of prompts x n completions per optimizer step, in batch / micro_batch
+        # forward/backward passes.
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=batch // micro_batch,
+        steps_per_generation=batch // micro_batch,
         num_iterations=1,
         num_generations=args.n,
         max_completion_length=args.response_length,
@@ -326,10 +424,11 @@ def run_trl(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
         callbacks=[timer],
     )
     trainer.train()
-    per_step = args.prompts * args.n
-    timed_lengths = response_lengths[args.warmup * per_step:]
+    timed_lengths = response_lengths[args.warmup * batch:]
     summary = summarize(timer.step_seconds, timer.phases, args.warmup, statistics.fmean(timed_lengths))
-    summary.update(torch_threads=torch.get_num_threads())
+    summary.update(torch_threads=torch.get_num_threads(), micro_batch=micro_batch)
+    if on_cuda:
+        summary["cuda_max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return summary
 
 
@@ -370,15 +469,67 @@ def _machine_used_bytes() -> int:
     return info["MemTotal"] - info["MemAvailable"]
 
 
-def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25) -> dict[str, float]:
+def nvidia_smi(field: str) -> list[str] | None:
+    """One line per GPU of `nvidia-smi --query-gpu=<field>` (no header, no units); None where nvidia-smi is missing
+    or gives no answer."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line.strip() for line in out.splitlines() if line.strip()] or None
+
+
+def gpu_memory_used_mib() -> float | None:
+    """Memory in use on all the GPUs nvidia-smi lists, summed, in MiB; None where it cannot say."""
+    lines = nvidia_smi("memory.used")
+    try:
+        return sum(float(line) for line in lines) if lines else None
+    except ValueError:  # e.g. "[N/A]"
+        return None
+
+
+class GpuMemorySampler(threading.Thread):
+    """`gpu_memory_used_mib` every `interval_s` until `stop()`: `idle_mib` before the first tick (what others and the
+    driver hold), `peak_mib` the largest value seen; both None when nvidia-smi never answered. A thread, so that a
+    slow nvidia-smi call does not stretch the /proc sampling."""
+
+    def __init__(self, interval_s: float = 0.25):
+        super().__init__(daemon=True)
+        self.interval_s, self._stopped = interval_s, threading.Event()
+        self.idle_mib = gpu_memory_used_mib()
+        self.peak_mib = self.idle_mib
+
+    def run(self):
+        while not self._stopped.wait(self.interval_s):
+            used = gpu_memory_used_mib()
+            if used is not None:
+                self.peak_mib = used if self.peak_mib is None else max(self.peak_mib, used)
+
+    def stop(self) -> dict[str, float | None]:
+        """Stop sampling; the GPU figures in GiB: the peak above idle, and idle itself."""
+        self._stopped.set()
+        self.join()
+        above = None if self.peak_mib is None else (self.peak_mib - (self.idle_mib or 0.0)) / 1024
+        return {"gpu_used_peak_gib": above,
+                "gpu_used_idle_gib": None if self.idle_mib is None else self.idle_mib / 1024}
+
+
+def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25, gpu: bool = False) -> dict:
     """Run `command`; return how many cores other processes kept busy meanwhile ("others", on average) and the
-    peak memory of the command's whole process tree (Ray's daemons and workers included) and of the machine.
+    peak memory of the command's whole process tree (Ray's daemons and workers included) and of the machine; with
+    `gpu`, also nvidia-smi's peak memory.used above what was in use before the start (`GpuMemorySampler`).
 
     Other people's jobs on the same cores slow either side down (TRL's two torch threads most of all), so each
     result carries the "others" figure: trust a comparison only when it is near 0 for both sides. The child's process
     tree is sampled every `interval_s`; CPU time of its processes that end between samples is counted as foreign, so
     "others" errs high, and a memory peak shorter than the interval can be missed.
     """
+    sampler = GpuMemorySampler(interval_s) if gpu else None
+    if sampler is not None:
+        sampler.start()
     start_busy, _ = _proc_ticks()
     start = time.perf_counter()
     child = subprocess.Popen(command, env=env)
@@ -396,11 +547,12 @@ def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25) -> 
         peak_tree = max(peak_tree, sum(_pss_bytes(pid) for pid in tree))
         peak_machine = max(peak_machine, _machine_used_bytes())
         time.sleep(interval_s)
+    gpu_figures = sampler.stop() if sampler is not None else {}
     if child.returncode:
         raise subprocess.CalledProcessError(child.returncode, command)
     foreign_ticks = busy - start_busy - sum(own_ticks.values())  # up to the last sample
     return {"foreign_cpu_cores": max(0.0, foreign_ticks / os.sysconf("SC_CLK_TCK") / max(wall, 1e-9)),
-            "peak_tree_gb": peak_tree / 2**30, "peak_machine_gb": peak_machine / 2**30}
+            "peak_tree_gb": peak_tree / 2**30, "peak_machine_gb": peak_machine / 2**30, **gpu_figures}
 
 
 def run_side_in_child(side: str, args: argparse.Namespace, argv: list[str]) -> dict:
@@ -411,7 +563,7 @@ def run_side_in_child(side: str, args: argparse.Namespace, argv: list[str]) -> d
     command = [sys.executable, os.path.abspath(__file__), *argv, "--side", side, "--work-dir", args.work_dir,
                "--result", result]
     print(f"\n=== {side} ===", flush=True)
-    measured = run_and_measure(command, env)
+    measured = run_and_measure(command, env, gpu=args.device == "cuda")
     with open(result) as f:
         summary = json.load(f)
     summary.update(measured)
@@ -435,9 +587,10 @@ def strip_side_flags(argv: list[str]) -> list[str]:
 
 def print_report(args: argparse.Namespace, results: dict[str, dict]) -> None:
     shape = ", ".join(f"{flag} {value}" for flag, value in model_shape(args).items()) or "the tiny default"
+    where = f"{os.cpu_count()} CPU cores, fp32" if args.device == "cpu" else \
+        f"{', '.join(nvidia_smi('name') or ['CUDA'])}, bf16 mixed precision, {os.cpu_count()} CPU cores"
     print(f"\nGRPO step, model shape: {shape}; {args.prompts} prompts x {args.n} samples x {args.response_length} "
-          f"tokens, lr {args.lr:g}, {args.steps} steps per side ({args.warmup} warm-up dropped), "
-          f"{os.cpu_count()} CPU cores")
+          f"tokens, lr {args.lr:g}, {args.steps} steps per side ({args.warmup} warm-up dropped), {where}")
     print(f"{'side':<16}{'s/step':>8}{'median':>8}{'min':>8}{'max':>8}{'resp len':>10}{'others':>8}"
           f"{'peak GB':>9}{'machine':>9}")
     for side, r in results.items():
@@ -453,6 +606,8 @@ def print_report(args: argparse.Namespace, results: dict[str, dict]) -> None:
         if "update_actor_parts_s" in r:
             parts = r["update_actor_parts_s"]
             print(f"  {'':<8}(update_actor: PPO update {parts['update_actor']:.3f}, weight sync {parts['weight_sync']:.3f})")
+    if args.device == "cuda":
+        print_gpu_memory(results)
     for side, r in results.items():
         if r.get("foreign_cpu_cores", 0.0) > CONTENDED_CORES:
             print(f"\nWARNING: other processes kept {r['foreign_cpu_cores']:.2f} cores busy during the {side} run: "
@@ -463,6 +618,28 @@ def print_report(args: argparse.Namespace, results: dict[str, dict]) -> None:
         speedup = ratio if ratio > 1 else 1 / ratio
         print(f"\nratio of means: {speed_ratio(results, 's_per_step'):.2f}x")
         print(f"ratio (TRL s/step / Quiver s/step): {ratio:.2f}x (median steps; {faster} is faster, by {speedup:.2f}x)")
+
+
+def print_gpu_memory(results: dict[str, dict]) -> None:
+    """Each side's peak GPU memory by torch's count and by nvidia-smi's, and Quiver's over TRL's."""
+    def gib(value) -> str:
+        return f"{value:10.2f}" if value is not None else f"{'-':>10}"
+
+    print(f"\npeak GPU memory, GiB  {'allocated':>10}{'nvidia-smi':>11}")
+    for side, r in results.items():
+        print(f"  {side:<19}{gib(r.get('cuda_max_allocated_gib'))} {gib(r.get('gpu_used_peak_gib'))}")
+    for key, name in (("cuda_max_allocated_gib", "allocated"), ("gpu_used_peak_gib", "nvidia-smi")):
+        quiver, trl = (results.get(side, {}).get(key) for side in SIDES)
+        if quiver is not None and trl:
+            print(f"  Quiver / TRL {name}: {quiver / trl:.2f}x")
+    phases = results.get("quiver", {}).get("cuda_max_allocated_gib_by_phase")
+    if phases:
+        print("  Quiver allocated by phase: " + ", ".join(f"{name} {value:.2f}" for name, value in phases.items()))
+    idle = next((r["gpu_used_idle_gib"] for r in results.values() if r.get("gpu_used_idle_gib") is not None), None)
+    print("(allocated: torch.cuda.max_memory_allocated -- TRL's process; Quiver's worker, the largest per-call peak it "
+          "logged as memory/max_allocated_gib/<phase>. nvidia-smi: the largest memory.used while the side ran, CUDA "
+          "context and allocator cache included, less the "
+          + (f"{idle:.2f} GiB in use before it started)" if idle is not None else "memory in use before it started)"))
 
 
 def speed_ratio(results: dict[str, dict], statistic: str) -> float:
@@ -488,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {side: run_side_in_child(side, args, strip_side_flags(argv)) for side in sides}
     print_report(args, results)
     if args.out:
-        report = {"date": time.strftime("%Y-%m-%d"), "cpu_cores": os.cpu_count(),
+        report = {"date": time.strftime("%Y-%m-%d"), "cpu_cores": os.cpu_count(), "gpus": nvidia_smi("name") or [],
                   "settings": {k: v for k, v in vars(args).items() if k not in ("work_dir", "result", "out")},
                   "results": results}
         if len(results) == 2:

@@ -7,6 +7,7 @@ same model, prompts and settings.
     .venv/bin/python benchmarks/rollout_engines.py --preset qwen2.5-0.5b  # Qwen2.5-0.5B's shape, random weights:
                                                                           # 2 prompts x 4 x 64 tokens, 2 threads
     .venv/bin/python benchmarks/rollout_engines.py --preset qwen2.5-0.5b --dtype bfloat16 --engines hf,generate
+    python benchmarks/rollout_engines.py --preset qwen2.5-0.5b-gpu   # one GPU, bf16: 16 prompts x 8 x 256 tokens
 
 The engines ("hf" = Quiver's `HFRollout`, "generate" = transformers' `model.generate`, "vllm" = Quiver's
 `VLLMRollout`; pick with `--engines`) get the same token-id prompts (the arithmetic train prompts, chat template
@@ -24,6 +25,12 @@ The model is built once with random weights by `verl.demo.tiny_model.build_tiny_
 (explicit flags win over the preset), and loaded in `--dtype` by the HF engines. vLLM gets `rollout.dtype` too, but
 `VLLMRollout` runs float32 on CPU whatever it says (the pushed weights are cast into its float32 parameters).
 
+`--device cuda` (`auto`: cuda when torch sees a GPU; the `-gpu` presets set it) runs every engine on one GPU, in
+bfloat16 unless `--dtype` says otherwise; the pushed state dict then lives on the GPU too, as the actor's gathered
+weights do in the trainer. Each child also reports torch's `max_memory_allocated` in its process and the parent
+nvidia-smi's peak `memory.used` above what was in use before the child started (vLLM's KV cache is sized by
+`rollout.gpu_memory_utilization`, so its nvidia-smi figure is mostly that reservation).
+
 Each engine runs in its own child process of this script, one after the other (vLLM starts its engine in the
 process that calls it, and changes process-wide torch settings). The parent prints the results, their ratios to
 the HF engine, each child's peak memory (PSS of its process tree) and how many cores other processes kept busy
@@ -33,6 +40,7 @@ meanwhile ("others"); compare only runs where that is near 0.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -40,19 +48,21 @@ import sys
 import tempfile
 import time
 
-from grpo_step import PRESETS as GRPO_PRESETS
-from grpo_step import SHAPE_FLAGS, model_shape, run_and_measure
+from grpo_step import DEVICES, QWEN25_05B, QWEN25_15B, SHAPE_FLAGS, model_shape, resolve_device, run_and_measure
 
 ENGINES = ("hf", "generate", "vllm")
 DTYPES = ("float32", "bfloat16")
+# The HF engines' dtype when --dtype is not given: fp32 on CPU (bf16 matmuls are slower there), bf16 on CUDA.
+DEFAULT_DTYPES = {"cpu": "float32", "cuda": "bfloat16"}
 # --preset: a real model's shape (the same as benchmarks/grpo_step.py's) and the job measured at that shape.
+GPU_JOB = {"prompts": 16, "n": 8, "response_length": 256, "threads": 1, "repeats": 3, "device": "cuda"}
 PRESETS = {
-    "qwen2.5-0.5b": {
-        "shape": GRPO_PRESETS["qwen2.5-0.5b"]["shape"],
-        "job": {"prompts": 2, "n": 4, "response_length": 64, "threads": 2, "repeats": 2},
-    },
+    "qwen2.5-0.5b": {"shape": QWEN25_05B,
+                     "job": {"prompts": 2, "n": 4, "response_length": 64, "threads": 2, "repeats": 2}},
+    "qwen2.5-0.5b-gpu": {"shape": QWEN25_05B, "job": GPU_JOB},
+    "qwen2.5-1.5b-gpu": {"shape": QWEN25_15B, "job": GPU_JOB},
 }
-JOB_DEFAULTS = {"prompts": 64, "n": 8, "response_length": 64, "repeats": 3, "threads": 1}
+JOB_DEFAULTS = {"prompts": 64, "n": 8, "response_length": 64, "repeats": 3, "threads": 1, "device": "cpu"}
 # The tiny model without a preset; heads (of size 32) and the intermediate size follow the hidden size.
 TINY_SHAPE = {"hidden_size": 64, "layers": 2, "kv_heads": 1}
 
@@ -62,16 +72,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="a real model's shape (random weights) and its job size: qwen2.5-0.5b = 24 layers, hidden "
                              "896, 14/2 heads, intermediate 4864, vocab 151936; 2 prompts x 4 samples x 64 tokens, "
-                             "2 threads, 2 repeats")
-    parser.add_argument("--engines", default=",".join(ENGINES),
-                        help=f"comma list of engines to run, in this order (default {','.join(ENGINES)})")
+                             "2 threads, 2 repeats. qwen2.5-0.5b-gpu / qwen2.5-1.5b-gpu (28 layers, hidden 1536, "
+                             "12/2 heads, intermediate 8960): 16 prompts x 8 samples x 256 tokens on one GPU")
+    parser.add_argument("--device", choices=DEVICES,
+                        help="cpu or cuda (one GPU); auto: cuda when torch sees a GPU. Default: the preset's, else cpu")
+    parser.add_argument("--engines",
+                        help=f"comma list of engines to run, in this order (default {','.join(ENGINES)}, vllm only "
+                             "where it is installed)")
     parser.add_argument("--prompts", type=int, help="prompts per generate call; default 64")
     parser.add_argument("--n", type=int, help="samples per prompt; default 8")
     parser.add_argument("--response-length", type=int, help="max tokens per completion; default 64")
     parser.add_argument("--repeats", type=int, help="timed generate calls and weight pushes; default 3")
     parser.add_argument("--threads", type=int, help="torch threads in each engine's process; default 1")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32",
-                        help="the HF engines' model dtype, and vLLM's rollout.dtype (which it ignores on CPU)")
+    parser.add_argument("--dtype", choices=DTYPES,
+                        help="the HF engines' model dtype, and vLLM's rollout.dtype (which it ignores on CPU); "
+                             "default float32 on CPU, bfloat16 on CUDA")
     shape = parser.add_argument_group("model shape (default: hidden 64, 2 layers, hidden/32 heads, 1 KV head, "
                                       "intermediate 2 x hidden, the tokenizer's vocab)")
     shape.add_argument("--hidden-size", type=int)
@@ -89,11 +104,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, value in {**JOB_DEFAULTS, **TINY_SHAPE, **preset.get("job", {}), **preset.get("shape", {})}.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    args.device = resolve_device(args.device)
+    if args.dtype is None:
+        args.dtype = DEFAULT_DTYPES[args.device]
     if args.heads is None:
         args.heads = max(1, args.hidden_size // 32)
     if args.intermediate_size is None:
         args.intermediate_size = 2 * args.hidden_size
-    args.engines = [name.strip() for name in args.engines.split(",") if name.strip()]
+    if args.engines is None:
+        args.engines = [name for name in ENGINES if name != "vllm" or importlib.util.find_spec("vllm") is not None]
+        if "vllm" not in args.engines and args.engine is None:  # said once, by the parent
+            print("vLLM is not installed: running the hf and generate engines only")
+    else:
+        args.engines = [name.strip() for name in args.engines.split(",") if name.strip()]
     unknown = sorted(set(args.engines) - set(ENGINES))
     if unknown or not args.engines:
         parser.error(f"--engines: unknown {unknown or 'empty list'}; choose from {','.join(ENGINES)}")
@@ -125,16 +148,17 @@ def run_engine(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device)
     state = list(model.state_dict().items())
     config = {"prompt_length": 128, "response_length": args.response_length, "max_num_seqs": 1024,
               "dtype": args.dtype}
     start = time.perf_counter()
     # The HF engine gets its own copy of the model, as in the trainer, so a push really copies.
     engine = get_rollout_cls(args.engine).build(
-        model_path=args.model, tokenizer=tokenizer, config=config, device="cpu", seed=0,
+        model_path=args.model, tokenizer=tokenizer, config=config, device=args.device, seed=0,
         load_module=lambda: AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype), weights_follow=True)
     engine.update_weights(state)
+    sync(args.device)
     startup = time.perf_counter() - start
     torch.set_num_threads(args.threads)
     prompts = prompts_token_ids(args.model, args.prompts)
@@ -150,10 +174,28 @@ def run_engine(args: argparse.Namespace) -> dict:
     for _ in range(args.repeats):
         start = time.perf_counter()
         engine.update_weights(iter(state))
+        sync(args.device)  # the copies into the engine's tensors may still be queued on the GPU
         pushes.append(time.perf_counter() - start)
     return {"engine": args.engine, "tokens_per_second": statistics.median(rates), "rates": rates,
             "push_seconds": statistics.median(pushes), "startup_seconds": startup,
-            "parameters": sum(t.numel() for _, t in state)}
+            "parameters": sum(t.numel() for _, t in state), **cuda_peak(args.device)}
+
+
+def sync(device: str) -> None:
+    """Wait for the GPU's queued work (CUDA runs asynchronously), so that a timer stops when the work is done."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def cuda_peak(device: str) -> dict:
+    """torch.cuda.max_memory_allocated of this process in GiB, on CUDA; nothing on CPU."""
+    if device != "cuda":
+        return {}
+    import torch
+
+    return {"cuda_max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
 def run_generate(args: argparse.Namespace) -> dict:
@@ -163,16 +205,16 @@ def run_generate(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(args.device).eval()
     startup = time.perf_counter() - start
     generation_config = model.generation_config
     eos = generation_config.eos_token_id
-    eos_ids = torch.tensor([eos] if isinstance(eos, int) else list(eos))
+    eos_ids = torch.tensor([eos] if isinstance(eos, int) else list(eos), device=args.device)
     pad_id = generation_config.pad_token_id if generation_config.pad_token_id is not None else int(eos_ids[0])
     prompts = prompts_token_ids(args.model, args.prompts)
     width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=args.device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=args.device)
     torch.manual_seed(0)
 
     def generate() -> int:
@@ -194,7 +236,7 @@ def run_generate(args: argparse.Namespace) -> dict:
         rates.append(tokens / (time.perf_counter() - start))
     return {"engine": args.engine, "tokens_per_second": statistics.median(rates), "rates": rates,
             "push_seconds": None, "startup_seconds": startup,
-            "parameters": sum(t.numel() for t in model.state_dict().values())}
+            "parameters": sum(t.numel() for t in model.state_dict().values()), **cuda_peak(args.device)}
 
 
 def main(argv=None) -> int:
@@ -212,23 +254,34 @@ def main(argv=None) -> int:
         for engine in args.engines:
             result_path = os.path.join(tmp, f"{engine}.json")
             child = [sys.executable, __file__, "--engine", engine, "--model", model_dir, "--result", result_path]
-            for key in ("prompts", "n", "response_length", "repeats", "threads", "dtype"):
+            for key in ("prompts", "n", "response_length", "repeats", "threads", "dtype", "device"):
                 child += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-            measured = run_and_measure(child, dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+            measured = run_and_measure(child, dict(os.environ, TOKENIZERS_PARALLELISM="false"),
+                                       gpu=args.device == "cuda")
             with open(result_path) as f:
                 results[engine] = {**json.load(f), "others": measured["foreign_cpu_cores"],
-                                   "peak_gb": measured["peak_tree_gb"]}
+                                   "peak_gb": measured["peak_tree_gb"],
+                                   "gpu_used_peak_gib": measured.get("gpu_used_peak_gib")}
     first = next(iter(results.values()))
     shape = ", ".join(f"{flag.replace('_', ' ')} {getattr(args, flag)}" for flag in SHAPE_FLAGS
                       if getattr(args, flag) is not None)
-    print(f"model: {first['parameters']:,} parameters ({args.preset or 'tiny'}: {shape}), {args.dtype}; "
-          f"{args.prompts} prompts x {args.n} samples x {args.response_length} tokens, {args.threads} thread(s), "
-          f"{args.repeats} repeat(s)")
-    print(f"{'engine':<10}{'tokens/s':>12}{'push s':>10}{'start s':>10}{'peak GB':>9}{'others':>8}")
+    on_cuda = args.device == "cuda"
+    print(f"model: {first['parameters']:,} parameters ({args.preset or 'tiny'}: {shape}), {args.dtype} on "
+          f"{args.device}; {args.prompts} prompts x {args.n} samples x {args.response_length} tokens, "
+          f"{args.threads} thread(s), {args.repeats} repeat(s)")
+    gpu_header = f"{'GPU alloc':>10}{'GPU smi':>9}" if on_cuda else ""
+    print(f"{'engine':<10}{'tokens/s':>12}{'push s':>10}{'start s':>10}{'peak GB':>9}{'others':>8}{gpu_header}")
     for name, r in results.items():
         push = "-" if r["push_seconds"] is None else f"{r['push_seconds']:.3f}"
+        gpu = ""
+        if on_cuda:
+            smi = r["gpu_used_peak_gib"]
+            gpu = f"{r['cuda_max_allocated_gib']:>10.2f}" + (f"{smi:>9.2f}" if smi is not None else f"{'-':>9}")
         print(f"{name:<10}{r['tokens_per_second']:>12,.0f}{push:>10}{r['startup_seconds']:>10.1f}"
-              f"{r['peak_gb']:>9.2f}{r['others']:>8.2f}")
+              f"{r['peak_gb']:>9.2f}{r['others']:>8.2f}{gpu}")
+    if on_cuda:
+        print("(GPU alloc: torch.cuda.max_memory_allocated in the engine's process, GiB; GPU smi: nvidia-smi's peak "
+              "memory.used above the memory in use before the engine started, GiB; peak GB: host memory)")
     base = "hf" if "hf" in results else None
     for name, r in results.items():
         if base is None or name == base:
@@ -237,7 +290,7 @@ def main(argv=None) -> int:
         if r["push_seconds"] is not None:
             line += f"; weight push {name} / {base}: {r['push_seconds'] / results[base]['push_seconds']:.2f}x"
         print(line)
-    if "vllm" in results and args.dtype != "float32":
+    if "vllm" in results and args.dtype != "float32" and not on_cuda:
         print(f"note: vLLM got rollout.dtype={args.dtype} but VLLMRollout runs float32 on CPU regardless; its row "
               f"is float32 (the {args.dtype} weights are cast on push)")
     if args.out:
