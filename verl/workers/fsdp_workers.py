@@ -101,12 +101,17 @@ def _gather_one(tensor: torch.Tensor, target: torch.Tensor | None, dst: int | No
     if target is not None and not (target.is_contiguous() and target.dtype == shard.dtype):
         out = torch.empty(target.shape, dtype=shard.dtype, device=shard.device)
     if dst is None:
-        dist.all_gather_into_tensor(out.view(-1), shard, group=group)
+        _all_gather_single(out.view(-1), shard, group=group)
     else:
         chunks = list(out.view(-1).chunk(dist.get_world_size(group))) if out is not None else None
         dist.gather(shard, chunks, dst=dst, group=group)
     if out is not target:
         target.copy_(out)
+
+
+# torch 2.13 renames all_gather_into_tensor to all_gather_single (and warns on the old name at every call); the floor,
+# torch 2.8, has only the old one.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _is_dim0_sharded(tensor: DTensor) -> bool:
