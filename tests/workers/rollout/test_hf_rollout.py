@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -298,3 +299,57 @@ def test_diverged_weights_are_named_when_sampling(model):
     engine = HFRollout(broken, TagTokenizer())
     with pytest.raises(FloatingPointError, match="weights have diverged.*actor_rollout_ref.actor.optim.lr"):
         engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=4))
+
+
+# ---- the static decode loop (rollout.static_decode; on by default on CUDA) ----------------------------------------
+def _completions(engine, params, prompts=PROMPTS):
+    return [(c.token_ids, c.finish_reason, c.stop_reason) for group in engine.generate(prompts, params)
+            for c in group]
+
+
+@pytest.mark.parametrize("max_tokens", [5, 40])  # 40: past the loop's every-16-steps check whether all are done
+def test_the_static_loop_gives_the_eager_loops_greedy_completions(model, max_tokens):
+    reference = greedy_tokens(HFRollout(copy.deepcopy(model), TagTokenizer()), max_tokens=max_tokens)
+    eos, stop_id = reference[0][3], reference[1][2]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=[stop_id])
+    eager = HFRollout(copy.deepcopy(model), TagTokenizer(eos_token_id=eos), config={"static_decode": False})
+    static = HFRollout(copy.deepcopy(model), TagTokenizer(eos_token_id=eos), config={"static_decode": True})
+    expected = _completions(eager, params)
+    assert _completions(static, params) == expected
+    assert _completions(static, params) == expected  # the kept static cache, reset, gives the same again
+    assert {finish for _, finish, _ in expected} >= {"stop"}  # EOS or the stop id ended some rows
+    # Per-prompt max_tokens (the agent loop's budgets) end each row at its own length.
+    per_prompt = [replace(params, max_tokens=m) for m in (2, 7, 4)]
+    assert _completions(static, per_prompt) == _completions(eager, per_prompt)
+
+
+def test_the_static_loop_samples_with_exact_log_probs_and_entropy(model):
+    temperature = 0.7
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer(), seed=1, config={"static_decode": True})
+    outputs = engine.generate(PROMPTS, SamplingParams(temperature=temperature, top_p=0.9, top_k=20, max_tokens=8))
+    for prompt, (completion,) in zip(PROMPTS, outputs):
+        ids = torch.tensor([prompt + completion.token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / temperature
+        log_probs = F.log_softmax(logits, dim=-1)
+        expected_lp = log_probs.gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+        torch.testing.assert_close(torch.tensor(completion.log_probs), expected_lp, atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(completion.entropies), -(log_probs.exp() * log_probs).sum(-1),
+                                   atol=1e-4, rtol=0)
+    # Until a row finishes, both loops draw the same tokens from the same seed.
+    eager = HFRollout(copy.deepcopy(model), TagTokenizer(), seed=1, config={"static_decode": False})
+    again = HFRollout(copy.deepcopy(model), TagTokenizer(), seed=1, config={"static_decode": True})
+    params = SamplingParams(temperature=temperature, max_tokens=8)
+    assert _completions(again, params) == _completions(eager, params)
+
+
+def test_stop_strings_and_top_log_probs_take_the_eager_loop(model, monkeypatch):
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer(), config={"static_decode": True})
+    monkeypatch.setattr(engine, "_generate_batch_static", None)  # would raise if called
+    engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=4, stop=["<1>"]))
+    engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=4, logprobs=2))
+
+
+def test_static_decode_defaults_to_cuda_only(model):
+    assert HFRollout(copy.deepcopy(model), TagTokenizer()).static_decode is False  # on CPU
+    assert HFRollout(copy.deepcopy(model), TagTokenizer(), config={"static_decode": True}).static_decode is True

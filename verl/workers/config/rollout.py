@@ -100,6 +100,7 @@ class RolloutConfig(BranchingConfig):
     do_sample: bool
     dtype: str
     micro_batch_size: int | None
+    static_decode: bool | None
     stop: list[str]
     stop_token_ids: list[int]
     gpu_memory_utilization: float

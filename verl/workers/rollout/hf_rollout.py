@@ -10,6 +10,16 @@ both taken *before* top-k / top-p filtering: that is the distribution the actor 
 (`logits / temperature`, then log-softmax), so `rollout_log_probs` and `old_log_probs` agree up to numerics.
 Top-k / top-p only restrict which token is drawn.
 
+Two decode loops sample from the same distributions (greedy: the same tokens; sampled: the same draws from the
+engine's generator until a row finishes, since the eager loop then draws for fewer rows):
+- eager: a growing KV cache; rows leave the batch as they finish; the host reads each step's tokens to stop them.
+- static (`rollout.static_decode`; by default on CUDA, for plain sampling): a preallocated KV cache for the whole
+  batch, finished rows masked on the device and decoded on (their tokens are dropped), the host reading the tokens
+  once at the end and whether every row is done once every `STATIC_DONE_CHECK` steps. On CUDA the decode step is
+  compiled into a CUDA graph (`torch.compile(mode="reduce-overhead")`): one launch per token instead of one per
+  kernel. Stop strings and top log-probs need the decoded text or extra outputs per step: those requests take the
+  eager loop.
+
 Stopping follows vLLM: a completion ends at an EOS id (tokenizer and generation config; `stop_reason` None), at a
 `stop_token_ids` id (`stop_reason` = that id), when a stop string appears in the decoded completion (`stop_reason` =
 the string), all three with `finish_reason` "stop" and the finishing token kept in `token_ids`; or after
@@ -23,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -40,6 +51,11 @@ from verl.workers.rollout.base import (
     params_per_prompt,
     register_rollout,
 )
+
+# The static loop asks whether every row is done once every this many steps (a host sync each time).
+STATIC_DONE_CHECK = 16
+# Why a row of the static loop finished, in _finished's order of precedence.
+_RUNNING, _EOS, _STOP_TOKEN, _LENGTH = 0, 1, 2, 3
 
 
 def top_k_top_p_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -102,6 +118,13 @@ class HFRollout(RolloutEngine):
         self._param_shapes = {param: param.shape for param in self.module.parameters()}
         self.tokenizer = tokenizer
         self.micro_batch_size = config_value(config, "micro_batch_size")
+        static = config_value(config, "static_decode", default=None)
+        self.static_decode = self.device.type == "cuda" if static is None else bool(static)
+        self._static_caches: dict[tuple[int, int], object] = {}  # (rows, length) -> a StaticCache kept for reuse
+        self._decode_step = self._decode_step_eager
+        if self.static_decode and self.device.type == "cuda":
+            # One CUDA graph per (rows, length): the static cache's tensors keep their addresses across calls.
+            self._decode_step = torch.compile(self._decode_step_eager, mode="reduce-overhead", dynamic=False)
         self.generator = None
         if seed is not None:
             self.generator = torch.Generator(device=self.device)
@@ -157,8 +180,10 @@ class HFRollout(RolloutEngine):
         """Decode one micro-batch: prefill the left-padded prompts, then one token per step from the KV cache.
 
         Rows leave the batch (and the cache) as soon as they finish (row i after `max_tokens[i]` tokens at most),
-        so finished rows cost no more compute.
+        so finished rows cost no more compute. Plain sampling with `static_decode` takes `_generate_batch_static`.
         """
+        if self.static_decode and not params.stop and not params.logprobs:
+            return self._generate_batch_static(requests, params, max_tokens)
         input_ids = pad_2d_list_to_tensor(requests, self.pad_token_id, left=True).to(self.device)
         attention_mask = pad_2d_list_to_tensor([[1] * len(r) for r in requests], 0, left=True).to(self.device)
         position_ids = compute_position_id_with_mask(attention_mask)
@@ -206,6 +231,77 @@ class HFRollout(RolloutEngine):
             )
             cache, logits = out.past_key_values, out.logits[:, -1]
         return [c.to_output() for c in completions]
+
+    def _generate_batch_static(
+        self, requests: list[list[int]], params: SamplingParams, max_tokens: list[int]
+    ) -> list[CompletionOutput]:
+        """The static loop (module docstring): the same completions as the eager loop for requests without stop
+        strings or top log-probs. Row i's tokens, log-probs and entropies are columns [0, end_i] of device buffers;
+        `reason` says why it ended (EOS, a stop token id, max_tokens)."""
+        from transformers import StaticCache
+
+        rows, steps = len(requests), max(max_tokens)
+        input_ids = pad_2d_list_to_tensor(requests, self.pad_token_id, left=True).to(self.device)
+        prompt_mask = pad_2d_list_to_tensor([[1] * len(r) for r in requests], 0, left=True).to(self.device)
+        prompt_len = input_ids.shape[1]
+        # The whole attention mask, prompt and response, in one buffer: a decode step sets its column to 1.
+        mask = torch.zeros(rows, prompt_len + steps, dtype=prompt_mask.dtype, device=self.device)
+        mask[:, :prompt_len] = prompt_mask
+        cache = self._static_caches.get((rows, prompt_len + steps))
+        if cache is None:
+            cache = StaticCache(config=self.module.config, max_cache_len=prompt_len + steps)
+            self._static_caches = {(rows, prompt_len + steps): cache}  # one kept: a new shape replaces it
+        else:
+            cache.reset()
+        position_ids = compute_position_id_with_mask(prompt_mask)
+        logits = self.module(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        position_ids = position_ids[:, -1:].clone()
+
+        tokens_out = torch.full((rows, steps), self.pad_token_id, dtype=torch.long, device=self.device)
+        log_probs_out = torch.zeros(rows, steps, device=self.device)
+        entropies_out = torch.zeros(rows, steps, device=self.device)
+        reason = torch.full((rows,), _RUNNING, dtype=torch.long, device=self.device)
+        end = torch.full((rows,), steps - 1, dtype=torch.long, device=self.device)
+        eos = torch.tensor(sorted(self.eos_token_ids), dtype=torch.long, device=self.device)
+        stop_ids = torch.tensor(list(params.stop_token_ids or ()), dtype=torch.long, device=self.device)
+        last = torch.tensor(max_tokens, dtype=torch.long, device=self.device) - 1
+        for t in range(steps):
+            tokens, log_probs, entropies, _ = self._sample(logits, params)
+            tokens_out[:, t], log_probs_out[:, t], entropies_out[:, t] = tokens, log_probs, entropies
+            why = torch.where(torch.isin(tokens, eos), _EOS,
+                              torch.where(torch.isin(tokens, stop_ids), _STOP_TOKEN,
+                                          torch.where(last <= t, _LENGTH, _RUNNING)))
+            ends_now = (reason == _RUNNING) & (why != _RUNNING)
+            end = torch.where(ends_now, t, end)
+            reason = torch.where(ends_now, why, reason)
+            if t + 1 == steps or ((t + 1) % STATIC_DONE_CHECK == 0 and bool((reason != _RUNNING).all())):
+                break
+            mask[:, prompt_len + t] = 1
+            position_ids += 1
+            logits = self._decode_step(tokens[:, None], mask, position_ids, cache)
+
+        # The one read of the results on the host.
+        tokens_host, log_probs_host, entropies_host = (x.cpu().numpy() for x in (tokens_out, log_probs_out,
+                                                                                  entropies_out))
+        reason_host, end_host = reason.tolist(), end.tolist()
+        completions = []
+        for i in range(rows):
+            n = end_host[i] + 1
+            token_ids = tokens_host[i, :n].tolist()
+            finish, stop = ("length", None) if reason_host[i] == _LENGTH else ("stop", None)
+            if reason_host[i] == _STOP_TOKEN:
+                stop = token_ids[-1]
+            completions.append(CompletionOutput(token_ids, log_probs_host[i, :n].astype(np.float64).tolist(),
+                                                entropies_host[i, :n].astype(np.float64).tolist(), finish, stop,
+                                                None))
+        return completions
+
+    def _decode_step_eager(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
+                           cache) -> torch.Tensor:
+        """Next-token logits `(rows, vocab)` for one new token per row, attending to the cache under `mask`."""
+        return self.module(input_ids=tokens, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                           use_cache=True).logits[:, -1]
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams):
         """Next token, its log-prob, the distribution's entropy for each row and, with `params.logprobs=k`, the
