@@ -82,7 +82,9 @@ PRESETS = {
 }
 JOB_DEFAULTS = {"prompts": 8, "n": 8, "response_length": 32, "steps": 6, "device": "cpu"}
 DEVICES = ("cpu", "cuda", "auto")
-# Quiver's FSDP ranks when --ranks is not given: both cores of the CPU machine the CPU figures come from; one GPU.
+# Quiver's FSDP ranks when --ranks is not given: on CPU n_gpus_per_node=2 (both cores of the machine the CPU figures
+# come from), of which Quiver's run plan runs one rank with both cores for a large actor (trainer.cpu_ranks_per_node
+# null); one GPU.
 DEFAULT_RANKS = {"cpu": 2, "cuda": 1}
 
 
@@ -112,7 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(Quiver actor.use_kl_loss=true, TRL beta=0.001)")
     parser.add_argument("--warmup", type=int, default=1, help="first steps left out of the timing")
     parser.add_argument("--ranks", type=int,
-                        help="Quiver's FSDP ranks (trainer.n_gpus_per_node); default 2 on CPU, 1 on CUDA")
+                        help="Quiver's FSDP ranks (trainer.n_gpus_per_node; given on CPU, also "
+                             "trainer.cpu_ranks_per_node); default 1 on CUDA, and on CPU 2 as n_gpus_per_node with "
+                             "Quiver's plan choosing (one rank for an actor of 50M parameters or more)")
     parser.add_argument("--trl-micro-batch", type=int,
                         help="sequences per TRL forward/backward (per_device_train_batch_size; gradient accumulation "
                              "over the batch's prompts x n); default the whole batch")
@@ -135,6 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.device = resolve_device(args.device)
+    args.ranks_given = args.ranks is not None
     if args.ranks is None:
         args.ranks = DEFAULT_RANKS[args.device]
     if args.steps <= args.warmup:
@@ -266,6 +271,7 @@ def quiver_overrides(args: argparse.Namespace, model_dir: str, data_dir: str, ma
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         "reward_model.num_examine=0",
         f"trainer.n_gpus_per_node={args.ranks}",
+        *([f"trainer.cpu_ranks_per_node={args.ranks}"] if args.ranks_given and args.device == "cpu" else []),
         f"trainer.total_training_steps={args.steps}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
@@ -293,7 +299,9 @@ def quiver_summary(args: argparse.Namespace, history: list[dict], max_prompt_len
         part: statistics.fmean(m.get(f"perf/{part}_seconds", 0.0) for m in timed)
         for part in ("update_actor", "weight_sync")
     }
-    summary.update(ranks=args.ranks, max_prompt_length=max_prompt_length)
+    # The ranks the run plan ran (on CPU it may run fewer than n_gpus_per_node: trainer.cpu_ranks_per_node).
+    with open(os.path.join(args.work_dir, "checkpoints", "run_plan.json")) as f:
+        summary.update(ranks=json.load(f)["n_ranks"], max_prompt_length=max_prompt_length)
     if args.device == "cuda":
         summary.update(quiver_cuda_peaks(history))
     return summary

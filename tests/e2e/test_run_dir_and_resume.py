@@ -201,6 +201,7 @@ def test_disable_over_an_earlier_run_is_refused_unless_overwrite(
         "memory_estimate.json",
         "metrics.jsonl",
         "run.lock",
+        "run_plan.json",
     ]
     assert [r["step"] for r in read_metrics(copy_of_straight / "metrics.jsonl")] == [1]
     assert os.path.exists(copy_of_straight / "global_step_1" / MANIFEST_FILE)

@@ -166,9 +166,10 @@ WIDE = ModelShape(
 )
 
 
-def _replan(changed, device="cpu", shape=WIDE):
-    """The plan of a config the refusal's suggestions change (main_ppo passes plan_run for the run's device/model)."""
-    return plan_run(changed, device, shape.parameters)
+def _replan(changed, device="cpu", shape=None):
+    """The plan of a config the refusal's suggestions change, made as the test's own plan was (main_ppo passes
+    plan_run with the run's device and the model's parameter count)."""
+    return plan_run(changed, device, shape.parameters if shape else None)
 
 
 def wide_config(*overrides: str):

@@ -7,6 +7,7 @@ tiny demo model and the synthetic arithmetic task are built under `trainer.cache
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -98,16 +99,18 @@ def init_ray(config: DictConfig, plan: RunPlan) -> None:
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env}, **ray_init)
 
 
-def save_resolved_config(config: DictConfig, estimate: MemoryEstimate | None = None) -> str:
+def save_resolved_config(config: DictConfig, plan: RunPlan | None = None, estimate: MemoryEstimate | None = None) -> str:
     """Write the run's final config (every default and override resolved) to <default_local_dir>/config.yaml, the
-    record of what a run did, and the memory estimate per phase to memory_estimate.json beside it; a resumed run
-    rewrites them. Written once the workers are up."""
+    record of what a run did, with what it derived beside it: run_plan.json (ranks, engine, per-rank batch sizes,
+    ...) and memory_estimate.json (per phase); a resumed run rewrites them. Written once the workers are up."""
     from verl.utils.checkpoint.checkpoint_manager import write_atomic
 
     out_dir = os.path.expanduser(config.trainer.default_local_dir)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "config.yaml")
     write_atomic(path, OmegaConf.to_yaml(config, resolve=True))
+    if plan is not None:
+        write_atomic(os.path.join(out_dir, "run_plan.json"), json.dumps(dataclasses.asdict(plan), indent=1))
     if estimate is not None:
         write_atomic(os.path.join(out_dir, "memory_estimate.json"), json.dumps(estimate.to_dict(), indent=1))
     print(f"[quiver] resolved config: {path}")
@@ -177,7 +180,7 @@ def train_ppo(config: DictConfig, plan: RunPlan, estimate: MemoryEstimate | None
     trainer.init_workers()
     if config.trainer.overwrite:
         clear_run_outputs(config.trainer.default_local_dir)
-    save_resolved_config(config, estimate)
+    save_resolved_config(config, plan, estimate)
     try:
         return trainer.fit()
     finally:

@@ -40,6 +40,7 @@ RUN_OUTPUTS = (
     METRICS_FILE,
     "config.yaml",
     "memory_estimate.json",
+    "run_plan.json",
     "scoreA.json",
     "wandb",
     "tensorboard",

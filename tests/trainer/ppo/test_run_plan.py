@@ -111,7 +111,8 @@ def test_engine_dtypes_and_remove_padding_come_from_one_place():
 
 
 def test_shared_cpu_engine():
-    two = ("trainer.n_gpus_per_node=2",)
+    # Two ranks kept on the node (a large actor would otherwise run one rank with all the cores, nothing to share).
+    two = ("trainer.n_gpus_per_node=2", "trainer.cpu_ranks_per_node=2")
     assert _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS).share_cpu_engine
     assert not _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS - 1).share_cpu_engine
     assert not _plan("trainer.n_gpus_per_node=1", parameters=SHARED_ENGINE_MIN_PARAMETERS).share_cpu_engine
@@ -121,3 +122,17 @@ def test_shared_cpu_engine():
         _plan(*two, "actor_rollout_ref.rollout.share_cpu_engine=true", device="cuda")
     with pytest.raises(ConfigError, match="needs every rank on one node"):
         _plan(*two, "trainer.nnodes=2", "actor_rollout_ref.rollout.share_cpu_engine=true")
+
+
+def test_a_large_actor_runs_one_rank_per_cpu_node_with_all_its_cores():
+    large, small = SHARED_ENGINE_MIN_PARAMETERS, SHARED_ENGINE_MIN_PARAMETERS - 1
+    two = ("trainer.n_gpus_per_node=2",)
+    one = _plan(*two, parameters=large)
+    assert (one.ranks_per_node, one.n_ranks, one.rows_per_rank) == (1, 1, 16 * 4)  # the YAML's batch on one rank
+    assert not one.share_cpu_engine  # one rank: nothing to share
+    assert _plan(*two, parameters=small).n_ranks == 2
+    assert _plan(*two, device="cuda", parameters=large).n_ranks == 2  # GPUs: n_gpus_per_node
+    assert _plan(*two, "trainer.nnodes=2", parameters=large).n_ranks == 4  # several nodes: n_gpus_per_node
+    assert _plan(*two, "trainer.cpu_ranks_per_node=2", parameters=large).n_ranks == 2  # the user's number wins
+    with pytest.raises(ConfigError, match="must be divisible by the 3 ranks of trainer.cpu_ranks_per_node=3"):
+        _plan("data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "trainer.cpu_ranks_per_node=3")

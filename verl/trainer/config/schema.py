@@ -207,6 +207,7 @@ class TrainerConfig(Section):
     validation_data_dir: str | None
     nnodes: int
     n_gpus_per_node: int
+    cpu_ranks_per_node: int | None  # on CPU; null: one rank per node for a large actor (run_plan.ranks_per_node)
     total_epochs: int
     total_training_steps: int | None
     save_freq: int
@@ -235,6 +236,8 @@ class TrainerConfig(Section):
         p = self.__config_prefix__
         for key in ("nnodes", "n_gpus_per_node"):
             need(getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be a positive integer", problems)
+        need(self.cpu_ranks_per_node is None or self.cpu_ranks_per_node >= 1,
+             f"{p}.cpu_ranks_per_node={self.cpu_ranks_per_node} must be a positive integer (or null)", problems)
         need(self.device in DEVICES, f"{p}.device={self.device!r} must be one of {', '.join(DEVICES)}", problems)
         need(self.memory_check in MEMORY_CHECKS, f"{p}.memory_check={self.memory_check!r} must be one of "
              f"{', '.join(MEMORY_CHECKS)}", problems)

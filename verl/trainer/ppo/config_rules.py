@@ -47,7 +47,8 @@ def resolve_policy_loss(actor: DictConfig, problems: list[str]) -> None:
 
 
 def world_size(trainer) -> int:
-    """The number of ranks: trainer.nnodes x trainer.n_gpus_per_node (ranks per node, on CPU too)."""
+    """The ranks the config names: trainer.nnodes x trainer.n_gpus_per_node (the run plan may run fewer on CPU:
+    trainer.cpu_ranks_per_node, verl/trainer/ppo/run_plan.py)."""
     return trainer.nnodes * trainer.n_gpus_per_node
 
 

@@ -5,7 +5,8 @@
 check. They read the plan; none of them re-derives a planned fact. The config keeps the user's meaning: global
 batch sizes count prompts, and nothing rewrites them.
 
-    ranks              trainer.nnodes x trainer.n_gpus_per_node (ranks per node, on CPU too)
+    ranks              trainer.nnodes x ranks per node: trainer.n_gpus_per_node on GPUs; on CPU
+                       trainer.cpu_ranks_per_node, null = one rank with all the cores for a large actor on one node
     rows_per_rank      data.train_batch_size x rollout.n / ranks: sequences one rank holds in a step
     mini-batch         ppo_mini_batch_size x rollout.n / ranks sequences per rank, one optimizer step each
     micro-batch        ppo_micro_batch_size_per_gpu, or verl's deprecated global ppo_micro_batch_size / ranks; unset:
@@ -36,9 +37,14 @@ from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
 # holds, decoded at a rate set by memory bandwidth (measured: a 344K-parameter model decodes faster with one engine per
 # rank, the Qwen2.5-0.5B shape faster with one shared engine; benchmarks/README.md).
 SHARED_ENGINE_MIN_PARAMETERS = 50_000_000
+# trainer.cpu_ranks_per_node=null runs one rank per CPU node, using all its cores, from this many actor parameters on
+# (the same threshold; measured at its two ends on 2 cores: at the Qwen2.5-0.5B shape a GRPO step took 43.6 s with one
+# rank and 59.3 s with two, gloo's all-gathers of the whole model costing more than the second process gains; the
+# 344K-parameter demo model's step is faster with two, 0.17 s against 0.22; benchmarks/README.md).
+ONE_CPU_RANK_MIN_PARAMETERS = SHARED_ENGINE_MIN_PARAMETERS
 
-__all__ = ["SHARED_ENGINE_MIN_PARAMETERS", "MicroBatches", "RunPlan", "UpdateBatches", "micro_batches",
-           "old_log_prob_source", "plan_run", "share_cpu_engine"]
+__all__ = ["ONE_CPU_RANK_MIN_PARAMETERS", "SHARED_ENGINE_MIN_PARAMETERS", "MicroBatches", "RunPlan", "UpdateBatches",
+           "micro_batches", "old_log_prob_source", "plan_run", "ranks_per_node", "share_cpu_engine"]
 
 
 def micro_batches(per_gpu, global_size, dynamic: bool, max_token_len: int, ranks: int, key: str,
@@ -102,6 +108,33 @@ def share_cpu_engine(setting, engine: str, device: str, nnodes: int, n_ranks: in
     return bool(setting) or (actor_parameters or 0) >= SHARED_ENGINE_MIN_PARAMETERS
 
 
+def ranks_per_node(trainer, device: str, actor_parameters: int | None) -> int:
+    """Ranks on each node: trainer.n_gpus_per_node on GPUs; on CPU trainer.cpu_ranks_per_node, and when that is null
+    one rank using all the node's cores for a single-node run of an actor of ONE_CPU_RANK_MIN_PARAMETERS or more,
+    else n_gpus_per_node."""
+    if device != "cpu":
+        return trainer.n_gpus_per_node
+    if trainer.cpu_ranks_per_node is not None:
+        return trainer.cpu_ranks_per_node
+    if trainer.nnodes == 1 and (actor_parameters or 0) >= ONE_CPU_RANK_MIN_PARAMETERS:
+        return 1
+    return trainer.n_gpus_per_node
+
+
+def _check_ranks(config: DictConfig, ranks: int) -> None:
+    """The batch sizes against a rank count the config check did not see (trainer.cpu_ranks_per_node)."""
+    n, problems = config.actor_rollout_ref.rollout.n, []
+    for key, prompts in (("data.train_batch_size", config.data.train_batch_size),
+                         ("actor_rollout_ref.actor.ppo_mini_batch_size",
+                          config.actor_rollout_ref.actor.ppo_mini_batch_size)):
+        if prompts * n % ranks:
+            problems.append(f"{key} * actor_rollout_ref.rollout.n = {prompts * n} must be divisible by the {ranks} "
+                            f"ranks of trainer.cpu_ranks_per_node={config.trainer.cpu_ranks_per_node} x "
+                            f"trainer.nnodes={config.trainer.nnodes}")
+    if problems:
+        raise ConfigError("the config has problems:\n  - " + "\n  - ".join(problems))
+
+
 def compute_dtype(device: str, fsdp_config, section: str) -> str:
     """The dtype a model computes in: `fsdp_config.dtype` (the YAML's default when unset) on CUDA, float32 on CPU;
     `section` names the fsdp_config node."""
@@ -117,7 +150,10 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
     trainer, data = config.trainer, config.data
     arr, algorithm = config.actor_rollout_ref, config.algorithm
     actor, rollout, ref, model = arr.actor, arr.rollout, arr.ref, arr.model
-    ranks, n = world_size(trainer), rollout.n
+    per_node = ranks_per_node(trainer, device, actor_parameters)
+    ranks, n = trainer.nnodes * per_node, rollout.n
+    if ranks != world_size(trainer):
+        _check_ranks(config, ranks)
     engine = resolve_rollout_name(rollout.name, device)
     use_critic = critic_enabled(config)
     actor_update = UpdateBatches(
@@ -153,7 +189,7 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
     return RunPlan(
         device=device,
         nnodes=trainer.nnodes,
-        ranks_per_node=trainer.n_gpus_per_node,
+        ranks_per_node=per_node,
         n_ranks=ranks,
         rollout_n=n,
         rows_per_rank=data.train_batch_size * n // ranks,
