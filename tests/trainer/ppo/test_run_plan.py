@@ -2,6 +2,7 @@
 gives the PPO ratio its old log-probs (algorithm.rollout_correction.bypass_mode), then the rest of the plan."""
 
 import dataclasses
+import importlib.util
 
 import pytest
 from omegaconf import OmegaConf
@@ -111,8 +112,9 @@ def test_engine_dtypes_and_remove_padding_come_from_one_place():
 
 
 def test_shared_cpu_engine():
-    # Two ranks kept on the node (a large actor would otherwise run one rank with all the cores, nothing to share).
-    two = ("trainer.n_gpus_per_node=2", "trainer.cpu_ranks_per_node=2")
+    # Two ranks kept on the node (a large actor would otherwise run one rank with all the cores, nothing to share),
+    # and the HF engine named (auto could take vLLM's CPU build for a large actor).
+    two = ("trainer.n_gpus_per_node=2", "trainer.cpu_ranks_per_node=2", "actor_rollout_ref.rollout.name=hf")
     assert _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS).share_cpu_engine
     assert not _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS - 1).share_cpu_engine
     assert not _plan("trainer.n_gpus_per_node=1", parameters=SHARED_ENGINE_MIN_PARAMETERS).share_cpu_engine
@@ -136,3 +138,19 @@ def test_a_large_actor_runs_one_rank_per_cpu_node_with_all_its_cores():
     assert _plan(*two, "trainer.cpu_ranks_per_node=2", parameters=large).n_ranks == 2  # the user's number wins
     with pytest.raises(ConfigError, match="must be divisible by the 3 ranks of trainer.cpu_ranks_per_node=3"):
         _plan("data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "trainer.cpu_ranks_per_node=3")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (its CPU build) is not installed")
+def test_auto_takes_vllms_cpu_build_for_a_large_actor_it_can_run(tmp_path):
+    from transformers import Qwen2Config
+
+    from verl.workers.rollout.base import VLLM_CPU_MIN_PARAMETERS
+
+    large = VLLM_CPU_MIN_PARAMETERS
+    assert _plan(parameters=large).rollout_engine == "vllm"
+    assert _plan(parameters=large - 1).rollout_engine == "hf"
+    assert _plan("actor_rollout_ref.rollout.name=hf", parameters=large).rollout_engine == "hf"
+    # Head size 24: vLLM's CPU attention has no kernel for it, so auto keeps the HF engine.
+    Qwen2Config(vocab_size=64, hidden_size=48, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1,
+                intermediate_size=64).save_pretrained(tmp_path)
+    assert _plan(f"actor_rollout_ref.model.path={tmp_path}", parameters=large).rollout_engine == "hf"

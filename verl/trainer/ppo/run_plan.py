@@ -33,6 +33,14 @@ from verl.utils.fsdp_utils import COMPUTE_DTYPES
 from verl.utils.run_plan import MicroBatches, RunPlan, UpdateBatches
 from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
 
+
+def vllm_config_problems(rollout, model_path, device: str, ranks: int, prefix: str) -> list[str]:
+    """What stops vLLM from running this rollout config (verl/workers/rollout/vllm_rollout.py; imported only when
+    vLLM is a candidate, since the import sets vLLM's environment)."""
+    from verl.workers.rollout.vllm_rollout import config_problems
+
+    return config_problems(rollout, model_path, device, ranks, prefix)
+
 # share_cpu_engine=null shares the HF engine from this many actor parameters on: a model of hundreds of MB no cache
 # holds, decoded at a rate set by memory bandwidth (measured: a 344K-parameter model decodes faster with one engine per
 # rank, the Qwen2.5-0.5B shape faster with one shared engine; benchmarks/README.md).
@@ -145,8 +153,9 @@ def compute_dtype(device: str, fsdp_config, section: str) -> str:
 
 def plan_run(config: DictConfig, device: str, actor_parameters: int | None = None) -> RunPlan:
     """The plan of a checked ppo_trainer config on `device` (resolved: cpu or cuda). `actor_parameters` (from the
-    model's config, `memory_estimate.read_model_shape`) decides the shared CPU engine's default; micro-batch sizes the
-    config leaves unset stay None here (`memory_estimate.size_micro_batches` fills them)."""
+    model's config, `memory_estimate.read_model_shape`) decides what depends on the model's size on CPU: the ranks per
+    node, the engine of rollout.name=auto (vLLM's CPU build where installed) and the shared HF engine; micro-batch
+    sizes the config leaves unset stay None here (`memory_estimate.size_micro_batches` fills them)."""
     trainer, data = config.trainer, config.data
     arr, algorithm = config.actor_rollout_ref, config.algorithm
     actor, rollout, ref, model = arr.actor, arr.rollout, arr.ref, arr.model
@@ -154,7 +163,9 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
     ranks, n = trainer.nnodes * per_node, rollout.n
     if ranks != world_size(trainer):
         _check_ranks(config, ranks)
-    engine = resolve_rollout_name(rollout.name, device)
+    engine = resolve_rollout_name(rollout.name, device, actor_parameters,
+                                  vllm_problems=lambda: vllm_config_problems(rollout, model.path, device, ranks,
+                                                                             "actor_rollout_ref.rollout"))
     use_critic = critic_enabled(config)
     actor_update = UpdateBatches(
         actor.ppo_mini_batch_size * n // ranks,
