@@ -17,7 +17,7 @@ constant schedule, grad-norm clip 1.0) per batch, no gradient checkpointing, the
 vLLM). Each side runs its defaults otherwise (Quiver: `algorithm.rollout_correction.bypass_mode=auto`, so, as TRL, no
 separate old-log-prob pass for this on-policy update).
 
-`--device cpu` (the default): fp32, Quiver on `--ranks` CPU ranks (2). `--device cuda` (`auto`: cuda when torch sees a
+`--device cpu` (the default): fp32, Quiver on its defaults (`--ranks` pins its CPU ranks; the engine is its own choice). `--device cuda` (`auto`: cuda when torch sees a
 GPU): both sides on one GPU in the same bf16 mixed precision -- float32 weights, gradients and AdamW state, matrix
 products in bfloat16 (Quiver: FSDP2's `MixedPrecisionPolicy` with `actor.fsdp_config.dtype=bfloat16`; TRL:
 `bf16=True`, accelerate's autocast, with the model loaded in float32). Quiver's HF engine decodes with its own float32
@@ -255,7 +255,9 @@ def quiver_overrides(args: argparse.Namespace, model_dir: str, data_dir: str, ma
         "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.top_p=1.0",
         "actor_rollout_ref.rollout.top_k=-1",
-        "actor_rollout_ref.rollout.name=hf",
+        # On a GPU the HF engine on both sides (TRL's generate); on CPU Quiver's default (auto: vLLM's CPU build
+        # where installed for a model of 50M parameters or more, else the HF engine).
+        *(["actor_rollout_ref.rollout.name=hf"] if args.device == "cuda" else []),
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
         "actor_rollout_ref.actor.ppo_epochs=1",
         f"actor_rollout_ref.actor.use_kl_loss={str(args.kl_loss).lower()}",
@@ -299,9 +301,10 @@ def quiver_summary(args: argparse.Namespace, history: list[dict], max_prompt_len
         part: statistics.fmean(m.get(f"perf/{part}_seconds", 0.0) for m in timed)
         for part in ("update_actor", "weight_sync")
     }
-    # The ranks the run plan ran (on CPU it may run fewer than n_gpus_per_node: trainer.cpu_ranks_per_node).
+    # The ranks and engine the run plan ran (on CPU it may run fewer ranks than n_gpus_per_node, and vLLM).
     with open(os.path.join(args.work_dir, "checkpoints", "run_plan.json")) as f:
-        summary.update(ranks=json.load(f)["n_ranks"], max_prompt_length=max_prompt_length)
+        plan = json.load(f)
+    summary.update(ranks=plan["n_ranks"], engine=plan["rollout_engine"], max_prompt_length=max_prompt_length)
     if args.device == "cuda":
         summary.update(quiver_cuda_peaks(history))
     return summary
@@ -599,11 +602,12 @@ def print_report(args: argparse.Namespace, results: dict[str, dict]) -> None:
         f"{', '.join(nvidia_smi('name') or ['CUDA'])}, bf16 mixed precision, {os.cpu_count()} CPU cores"
     print(f"\nGRPO step, model shape: {shape}; {args.prompts} prompts x {args.n} samples x {args.response_length} "
           f"tokens, lr {args.lr:g}, {args.steps} steps per side ({args.warmup} warm-up dropped), {where}")
-    print(f"{'side':<16}{'s/step':>8}{'median':>8}{'min':>8}{'max':>8}{'resp len':>10}{'others':>8}"
+    print(f"{'side':<24}{'s/step':>8}{'median':>8}{'min':>8}{'max':>8}{'resp len':>10}{'others':>8}"
           f"{'peak GB':>9}{'machine':>9}")
     for side, r in results.items():
-        label = f"Quiver ({r['ranks']} rank{'s' if r['ranks'] > 1 else ''})" if side == "quiver" else "TRL"
-        print(f"{label:<16}{r['s_per_step']:8.3f}{r['median_s']:8.3f}{r['min_s']:8.3f}{r['max_s']:8.3f}"
+        label = (f"Quiver ({r['ranks']} rank{'s' if r['ranks'] > 1 else ''}, {r.get('engine', 'hf')})"
+                 if side == "quiver" else "TRL")
+        print(f"{label:<24}{r['s_per_step']:8.3f}{r['median_s']:8.3f}{r['min_s']:8.3f}{r['max_s']:8.3f}"
               f"{r['mean_response_length']:10.1f}{r.get('foreign_cpu_cores', float('nan')):8.2f}"
               f"{r.get('peak_tree_gb', float('nan')):9.2f}{r.get('peak_machine_gb', float('nan')):9.2f}")
     print("(others: cores kept busy by other processes during the run; near 0 = a clean measurement. peak GB: the "
