@@ -17,13 +17,14 @@ constant schedule, grad-norm clip 1.0) per batch, no gradient checkpointing, the
 vLLM). Each side runs its defaults otherwise (Quiver: `algorithm.rollout_correction.bypass_mode=auto`, so, as TRL, no
 separate old-log-prob pass for this on-policy update).
 
-`--device cpu` (the default): fp32, Quiver on its defaults (`--ranks` pins its CPU ranks; the engine is its own choice). `--device cuda` (`auto`: cuda when torch sees a
-GPU): both sides on one GPU in the same bf16 mixed precision -- float32 weights, gradients and AdamW state, matrix
-products in bfloat16 (Quiver: FSDP2's `MixedPrecisionPolicy` with `actor.fsdp_config.dtype=bfloat16`; TRL:
-`bf16=True`, accelerate's autocast, with the model loaded in float32). Quiver's HF engine decodes with its own float32
-copy of the weights, TRL's `generate` under the same autocast. TRL takes the whole batch in one forward/backward
-unless `--trl-micro-batch` splits it (gradient accumulation, still one generation and one optimizer step per batch);
-Quiver sizes its micro-batches itself from its memory estimate.
+`--device cpu` (the default): fp32, Quiver on its defaults (`--ranks` pins its CPU ranks; the engine is its own
+choice). `--device cuda` (`auto`: cuda when torch sees a GPU): both sides on one GPU in the same bf16 mixed
+precision -- float32 weights, gradients and AdamW state, matrix products in bfloat16 (Quiver: FSDP2's
+`MixedPrecisionPolicy` with `actor.fsdp_config.dtype=bfloat16`; TRL: `bf16=True`, accelerate's autocast, with the
+model loaded in float32). Quiver's HF engine decodes with its own float32 copy of the weights, TRL's `generate`
+under the same autocast. TRL takes the whole batch in one forward/backward unless `--trl-micro-batch` splits it
+(gradient accumulation, still one generation and one optimizer step per batch); Quiver sizes its micro-batches
+itself from its memory estimate.
 
 Each side runs in its own child process of this script, one after the other, so neither sees the other's threads,
 Ray workers or allocator. A step is timed from the start of generation to the end of the optimizer step (and, for
