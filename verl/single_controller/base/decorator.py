@@ -178,8 +178,8 @@ MEMORY_PHASES = {
 def _on(value, device):
     """A DataProto argument as a new DataProto whose tensors are on `device` (the caller's stays where it is: a
     worker called in-process must not move its caller's batch); anything else as it is."""
-    if not isinstance(value, DataProto) or value.batch is None:
-        return value
+    if not isinstance(value, DataProto) or value.batch is None or value.batch.device == device:
+        return value  # on CPU, where the driver's batches already are, no copy of the DataProto is made
     return DataProto(batch=value.batch.to(device), non_tensor_batch=value.non_tensor_batch, meta_info=value.meta_info)
 
 
