@@ -344,3 +344,18 @@ def test_stop_strings_and_top_log_probs_take_the_eager_loop(model, monkeypatch):
 def test_static_decode_defaults_to_cuda_only(model):
     assert HFRollout(copy.deepcopy(model), TagTokenizer()).static_decode is False  # on CPU
     assert HFRollout(copy.deepcopy(model), TagTokenizer(), config={"static_decode": True}).static_decode is True
+
+
+def test_the_static_loop_keeps_one_cache_shape_for_prompts_of_nearby_lengths(model):
+    """Prompts are left-padded to a multiple of STATIC_PROMPT_BUCKET, so batches whose longest prompts differ by a
+    few tokens reuse one static cache (on CUDA: one compiled graph), and give the eager loop's completions."""
+    from verl.workers.rollout.hf_rollout import STATIC_PROMPT_BUCKET
+
+    eager = HFRollout(copy.deepcopy(model), TagTokenizer(), config={"static_decode": False})
+    static = HFRollout(copy.deepcopy(model), TagTokenizer(), config={"static_decode": True})
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    shapes = []
+    for prompts in (PROMPTS, [p + p[-1:] * 3 for p in PROMPTS]):
+        assert _completions(static, params, prompts) == _completions(eager, params, prompts)
+        shapes.append(next(iter(static._static_caches)))
+    assert shapes[0] == shapes[1] == (len(PROMPTS), STATIC_PROMPT_BUCKET + 6)

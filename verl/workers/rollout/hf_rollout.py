@@ -54,6 +54,9 @@ from verl.workers.rollout.base import (
 
 # The static loop asks whether every row is done once every this many steps (a host sync each time).
 STATIC_DONE_CHECK = 16
+# The static loop left-pads prompts to a multiple of this many tokens, so that batches whose longest prompts differ
+# by a few tokens share one KV-cache shape, hence one compiled CUDA graph (each new shape compiles again).
+STATIC_PROMPT_BUCKET = 64
 # Why a row of the static loop finished, in _finished's order of precedence.
 _RUNNING, _EOS, _STOP_TOKEN, _LENGTH = 0, 1, 2, 3
 
@@ -241,9 +244,9 @@ class HFRollout(RolloutEngine):
         from transformers import StaticCache
 
         rows, steps = len(requests), max(max_tokens)
-        input_ids = pad_2d_list_to_tensor(requests, self.pad_token_id, left=True).to(self.device)
-        prompt_mask = pad_2d_list_to_tensor([[1] * len(r) for r in requests], 0, left=True).to(self.device)
-        prompt_len = input_ids.shape[1]
+        prompt_len = -(-max(len(r) for r in requests) // STATIC_PROMPT_BUCKET) * STATIC_PROMPT_BUCKET
+        input_ids = pad_2d_list_to_tensor(requests, self.pad_token_id, prompt_len, left=True).to(self.device)
+        prompt_mask = pad_2d_list_to_tensor([[1] * len(r) for r in requests], 0, prompt_len, left=True).to(self.device)
         # The whole attention mask, prompt and response, in one buffer: a decode step sets its column to 1.
         mask = torch.zeros(rows, prompt_len + steps, dtype=prompt_mask.dtype, device=self.device)
         mask[:, :prompt_len] = prompt_mask
