@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One timed pass over a lent GPU machine: the GPU suite and the GRPO benchmark against TRL, inside a fixed budget,
+# everything that matters written under $OUT (default ./gpu_check) so that a run cut short still reports.
+#   bash .gpu/run.sh bash scripts/gpu_check.sh          # on a machine prepared with a wheelhouse (shared/gpu)
+#   GPU_CHECK_SECONDS=540 bash scripts/gpu_check.sh     # the budget; default 540 s
+# Three pytest lanes start together, each with its own --basetemp and report: A the optimizer, static-decode and
+# 0.5B-shape memory tests (the 0.5B job first; one 0.5B job on the card at a time), B the tiny training runs, C the checkpoint runs. The
+# benchmark (Quiver and TRL at the 0.5B shape, bf16) follows lane A; it waits for B and C to end while the budget
+# allows, so that its timing is taken on a quiet machine (its "others" column says how quiet it was). Lanes get
+# SIGINT at their deadline, so pytest still writes its report.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/gpu_check}"
+mkdir -p "$out"
+budget="${GPU_CHECK_SECONDS:-540}"
+start=$SECONDS
+left() { echo $((budget - (SECONDS - start))); }
+
+{
+  date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
+  python3 -c "import torch, transformers, ray, hydra, tensordict, verl; print('torch', torch.__version__, \
+'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'ray', ray.__version__)"
+} >"$out/machine.txt" 2>&1 || { cat "$out/machine.txt"; echo "[gpu_check] the machine cannot import Quiver"; exit 1; }
+cat "$out/machine.txt"
+
+lane() {  # lane NAME SECONDS FILES...
+  local name=$1 seconds=$2
+  shift 2
+  GPU_REPORT="$out/report_$name.md" timeout -s INT -k 30 "$seconds" \
+    python3 -m pytest "$@" -m gpu -v -rs -p no:cacheprovider --basetemp="/tmp/gpu_lane_$name" >"$out/lane_$name.log" 2>&1
+  echo "[gpu_check] lane $name ended (exit $?) at $((SECONDS - start)) s"
+}
+
+suite_s=$((budget * 3 / 5))
+lane a "$suite_s" tests/gpu/test_gpu_memory.py tests/gpu/test_gpu_optimizer.py tests/gpu/test_gpu_decode.py &
+lane_a=$!
+lane b "$suite_s" tests/gpu/test_gpu_training.py tests/gpu/test_gpu_kernels.py &
+lane_b=$!
+lane c "$suite_s" tests/gpu/test_gpu_checkpoint.py &
+lane_c=$!
+wait "$lane_a"
+
+# The benchmark needs about 200 s; it waits for the tiny lanes while more than that is left.
+while { kill -0 "$lane_b" 2>/dev/null || kill -0 "$lane_c" 2>/dev/null; } && [ "$(left)" -gt 230 ]; do sleep 2; done
+echo "[gpu_check] benchmark starts at $((SECONDS - start)) s, $(left) s left" \
+  "(tiny lanes still running: $(jobs -r | wc -l))"
+if [ "$(left)" -gt 60 ]; then
+  timeout -s INT -k 15 $(($(left) - 15)) python3 benchmarks/grpo_step.py --preset qwen2.5-0.5b-gpu --steps 4 \
+    --out "$out/bench.json" >"$out/bench.log" 2>&1
+  echo "[gpu_check] benchmark ended (exit $?) at $((SECONDS - start)) s"
+fi
+wait
+# At most 8 files come back from a lent machine: the reports are joined into summary.md and summary.json.
+cat "$out/machine.txt" "$out"/report_*.md >"$out/summary.md" 2>/dev/null
+python3 - "$out" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+lanes = {p.stem.removeprefix("report_"): json.loads(p.read_text()) for p in sorted(out.glob("report_*.json"))}
+(out / "summary.json").write_text(json.dumps(lanes, indent=2) + "\n")
+PY
+rm -f "$out"/report_*.md "$out"/report_*.json "$out/machine.txt"
+cat "$out/summary.md"
+tail -n 30 "$out/bench.log" 2>/dev/null
