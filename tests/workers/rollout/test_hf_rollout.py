@@ -283,6 +283,9 @@ def test_sleep_frees_the_weights_that_the_next_push_brings_back(model):
     engine.update_weights(model.state_dict().items())
     assert greedy_tokens(engine) == reference
 
+    engine.sleep()  # the push's targets: allocated again, full size, on the engine's device (where NCCL writes)
+    targets = engine.weight_targets()
+    assert all(t.device == engine.device and t.numel() > 0 for t in targets.values())
     engine.sleep()
     partial = [(n, t) for n, t in model.state_dict().items() if "layers.1.mlp" not in n]
     with pytest.raises(ValueError, match="model.layers.1.mlp"):

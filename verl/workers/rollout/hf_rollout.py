@@ -410,19 +410,23 @@ class HFRollout(RolloutEngine):
         return sum(float(t.sum(dtype=torch.float64)) for t in self.module.state_dict().values())
 
     def sleep(self) -> None:
-        """While the actor trains: on GPU move the weights to host memory; on CPU, when the actor pushes its weights
-        after every update (`weights_follow`), free them (the full model per rank is the largest thing the actor's
-        update does not need); the next `update_weights` allocates them again."""
-        if self.device.type != "cpu":
+        """While the actor trains. When the actor pushes its full weights after every update (`weights_follow`), free
+        them, on any device: the full model per rank is the largest thing the update does not need, and the next push
+        allocates them again (`weight_targets`, `update_weights`). Otherwise, on a GPU, move them to host memory
+        until `wake_up`."""
+        if self.weights_follow:
+            if not self.weights_released:
+                for param in self.module.parameters():  # tied weights are one Parameter: freed once
+                    param.data = param.data.new_empty(0)
+                self.weights_released = True
+        elif self.device.type != "cpu":
             self.module.to("cpu")
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        elif self.weights_follow and not self.weights_released:
-            for param in self.module.parameters():  # tied weights are one Parameter: freed once
-                param.data = param.data.new_empty(0)
-            self.weights_released = True
 
     def wake_up(self) -> None:
-        if self.device.type != "cpu":
+        """Weights moved to host memory by `sleep` go back to the engine's device (released ones wait for a push)."""
+        if self.device.type != "cpu" and not self.weights_released:
             self.module.to(self.device)
 
     def weight_targets(self) -> dict[str, torch.Tensor]:
@@ -432,6 +436,7 @@ class HFRollout(RolloutEngine):
             for param in self.module.parameters():
                 param.data = torch.empty(self._param_shapes[param], dtype=param.dtype, device=self.device)
             self.weights_released = False
+        self.wake_up()  # targets on the engine's device, where collectives write them (NCCL writes GPU memory only)
         targets = dict(self.module.named_parameters(remove_duplicate=False))
         targets.update(self.module.named_buffers(remove_duplicate=False))
         return targets
