@@ -75,3 +75,36 @@ def test_static_decode_on_cuda_gives_the_eager_greedy_tokens_and_exact_log_probs
             log_probs = F.log_softmax(eager.module(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
             expected_lp = log_probs.gather(-1, ids[0, len(prompt):, None]).squeeze(-1).cpu()
             torch.testing.assert_close(torch.tensor(completion.log_probs), expected_lp, atol=1e-3, rtol=0)
+
+
+@pytest.mark.needs("cuda")
+def test_pushed_weights_reach_the_graph_without_re_recording(figures):
+    """The trainer's cycle on a static engine (`weights_follow`, free_cache_engine): generate, sleep while the actor
+    trains, take the pushed weights, generate again. The weights stay at the addresses the graph was captured with
+    (no re-recording, which torch caps at 128 per graph), and the second rollout samples from the new weights: its
+    greedy tokens are those of a fresh engine built on them."""
+    import torch
+
+    from verl.workers.rollout.base import SamplingParams
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    model = _model()
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24)
+    engine = HFRollout(copy.deepcopy(model), _Tokenizer(), device="cuda", weights_follow=True)
+    assert engine.weights_resident
+    _generate(engine, prompts, greedy)
+    addresses = [p.data_ptr() for p in engine.module.parameters()]
+    engine.sleep()
+    trained = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in trained.parameters():
+            param.mul_(1.5)
+    engine.update_weights(trained.state_dict().items())
+    engine.wake_up()
+    got, _ = _generate(engine, prompts, greedy)
+    assert [p.data_ptr() for p in engine.module.parameters()] == addresses
+    fresh = HFRollout(trained, _Tokenizer(), device="cuda", config={"static_decode": False})
+    expected, _ = _generate(fresh, prompts, greedy)
+    figures.update(identical_rows=f"{sum(a.token_ids == b.token_ids for a, b in zip(got, expected))}/{len(prompts)}")
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]

@@ -23,7 +23,7 @@ of the plan's compute dtype (float32 on CPU; `fsdp_config.dtype` on CUDA, bf16 =
                                     (LOGITS_COPIES: logits, logits / T, log-softmax, the gradient; with the entropy
                                     softmax and its products), c' = c for the compute-dtype logits on CUDA
     rollout engine   the plan's engine. hf: 4 P (its own float32 copy, freed or moved to host between rollouts with
-                     free_cache_engine) + KV cache 2 L kv (prompt + response) 4 per sequence it decodes (the rank's
+                     free_cache_engine, except on CUDA with the static decode loop, whose graphs keep it) + KV cache 2 L kv (prompt + response) 4 per sequence it decodes (the rank's
                      prompts x n, the node's with share_cpu_engine); vllm on CUDA: gpu_memory_utilization of the GPU;
                      vllm on CPU: 4 P + its KV cache (no sleep mode there); other engines (openai: a remote server;
                      the user's own): nothing counted
@@ -417,7 +417,8 @@ def estimate_ppo_memory(
             decoding * prompt * (2 * weight_bytes * actor.hidden + actor.layer_temporaries(weight_bytes))
             + decoding * actor.vocab * FLOAT32_BYTES * SAMPLING_COPIES
         )
-        if not rollout.free_cache_engine:
+        # The static loop's compiled CUDA graphs read the weights where they were captured: they stay all step.
+        if not rollout.free_cache_engine or (cuda and plan.hf_static_decode):
             resident["hf engine weights"] = generate.pop("hf engine weights")
 
     phases = {"generate": {**resident, **generate}}

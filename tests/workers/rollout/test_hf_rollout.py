@@ -362,3 +362,12 @@ def test_the_static_loop_keeps_one_cache_shape_for_prompts_of_nearby_lengths(mod
         assert _completions(static, params, prompts) == _completions(eager, params, prompts)
         shapes.append(next(iter(static._static_caches)))
     assert shapes[0] == shapes[1] == (len(PROMPTS), STATIC_PROMPT_BUCKET + 6)
+
+
+def test_only_a_static_engine_on_cuda_keeps_its_weights_through_sleep(model):
+    """weights_resident (the compiled graphs read the weights at fixed addresses) is CUDA's; a static engine on the
+    CPU frees them like the eager one (tests/gpu/test_gpu_decode.py checks the CUDA side)."""
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer(), weights_follow=True, config={"static_decode": True})
+    assert not engine.weights_resident
+    engine.sleep()
+    assert engine.weights_released

@@ -32,6 +32,7 @@ from verl.utils.config import ConfigError, option
 from verl.utils.fsdp_utils import COMPUTE_DTYPES
 from verl.utils.run_plan import MicroBatches, RunPlan, UpdateBatches
 from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
+from verl.workers.rollout.hf_rollout import uses_static_decode
 
 
 def vllm_config_problems(rollout, model_path, device: str, ranks: int, prefix: str) -> list[str]:
@@ -208,6 +209,7 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
         agent_loop=uses_agent_loop(rollout),
         share_cpu_engine=share_cpu_engine(rollout.share_cpu_engine, engine, device, trainer.nnodes, ranks,
                                           actor_parameters),
+        hf_static_decode=engine == "hf" and uses_static_decode(rollout.static_decode, device),
         old_log_prob_source=old_log_prob_source(config, engine, device),
         update_needs_entropy=build_actor_objective(actor).needs_entropy,
         use_reference_policy=bool(actor.use_kl_loss or algorithm.use_kl_in_reward),

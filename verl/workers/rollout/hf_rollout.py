@@ -95,6 +95,12 @@ class _Completion:
                                 self.top_log_probs)
 
 
+def uses_static_decode(static_decode: bool | None, device_type: str) -> bool:
+    """Whether the HF engine decodes with the static loop: `rollout.static_decode`, where null means on CUDA only.
+    The run plan (`RunPlan.hf_static_decode`, which the memory estimate reads) and the engine both ask this."""
+    return device_type == "cuda" if static_decode is None else bool(static_decode)
+
+
 @register_rollout("hf")
 class HFRollout(RolloutEngine):
     """Batched sampling on the engine's own (non-FSDP) copy of the policy.
@@ -121,8 +127,11 @@ class HFRollout(RolloutEngine):
         self._param_shapes = {param: param.shape for param in self.module.parameters()}
         self.tokenizer = tokenizer
         self.micro_batch_size = config_value(config, "micro_batch_size")
-        static = config_value(config, "static_decode", default=None)
-        self.static_decode = self.device.type == "cuda" if static is None else bool(static)
+        self.static_decode = uses_static_decode(config_value(config, "static_decode", default=None), self.device.type)
+        # The compiled CUDA graphs read the weights at the addresses they were captured with: freeing the weights
+        # between rollouts would re-record the graphs every step (and after torch's re-record limit, 128, run the
+        # decode step uncompiled), so such an engine keeps them on the GPU and the push writes into them in place.
+        self.weights_resident = self.static_decode and self.device.type == "cuda"
         self._static_caches: dict[tuple[int, int], object] = {}  # (rows, length) -> a StaticCache kept for reuse
         self._decode_step = self._decode_step_eager
         if self.static_decode and self.device.type == "cuda":
@@ -413,13 +422,13 @@ class HFRollout(RolloutEngine):
         """While the actor trains. When the actor pushes its full weights after every update (`weights_follow`), free
         them, on any device: the full model per rank is the largest thing the update does not need, and the next push
         allocates them again (`weight_targets`, `update_weights`). Otherwise, on a GPU, move them to host memory
-        until `wake_up`."""
-        if self.weights_follow:
+        until `wake_up`. An engine whose compiled graphs read its weights (`weights_resident`) keeps them."""
+        if self.weights_follow and not self.weights_resident:
             if not self.weights_released:
                 for param in self.module.parameters():  # tied weights are one Parameter: freed once
                     param.data = param.data.new_empty(0)
                 self.weights_released = True
-        elif self.device.type != "cpu":
+        elif self.device.type != "cpu" and not self.weights_resident:
             self.module.to("cpu")
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
