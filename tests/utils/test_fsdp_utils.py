@@ -6,24 +6,27 @@ import math
 import pytest
 import torch
 
-from verl.utils.fsdp_utils import build_optimizer, count_skipped_steps, move_optimizer_state
+from verl.utils.fsdp_utils import FUSED_ADAMW_MIN_TORCH, build_optimizer, count_skipped_steps, move_optimizer_state
 
 
-def test_build_optimizer_on_cpu_is_torchs_default_adamw():
-    """Parameters on the CPU: torch's AdamW with its own choice of kernel (fused only on CUDA), the trainable
-    parameters only, and the same step as a plain AdamW."""
+def test_build_optimizer_on_cpu_is_fused_adamw_over_the_trainable_parameters():
+    """Parameters on the CPU: torch's fused AdamW from FUSED_ADAMW_MIN_TORCH on (torch's own choice before), the
+    trainable parameters only, and the step of a plain single-tensor AdamW within float32 rounding."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     model.bias.requires_grad_(False)
     reference, initial = copy.deepcopy(model), model.weight.detach().clone()
     optimizer, _ = build_optimizer(model, lr=0.1, betas=(0.9, 0.99), weight_decay=0.01, total_steps=10)
-    assert optimizer.defaults["fused"] is None and optimizer.defaults["foreach"] is None
+    assert optimizer.defaults["fused"] is (True if torch.__version__ >= FUSED_ADAMW_MIN_TORCH else None)
     assert optimizer.param_groups[0]["params"] == [model.weight]
-    expected = torch.optim.AdamW([reference.weight], lr=0.1, betas=(0.9, 0.99), weight_decay=0.01)
-    for module, opt in ((model, optimizer), (reference, expected)):
-        module(torch.ones(3, 4)).sum().backward()
-        opt.step()
-    assert torch.equal(model.weight, reference.weight) and not torch.equal(model.weight, initial)
+    expected = torch.optim.AdamW([reference.weight], lr=0.1, betas=(0.9, 0.99), weight_decay=0.01, foreach=False)
+    for _ in range(3):
+        for module, opt in ((model, optimizer), (reference, expected)):
+            module(torch.ones(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    torch.testing.assert_close(model.weight, reference.weight, atol=1e-6, rtol=1e-6)
+    assert not torch.equal(model.weight, initial)
 
 
 def test_every_optimizer_state_tensor_moves_to_the_device():

