@@ -27,8 +27,14 @@ def shard_model(model: torch.nn.Module, mesh, device: str, fsdp_config=None,
 
     On CUDA, compute runs in `compute_dtype` (the run plan's; None: `fsdp_config.dtype`, bf16 when the config has
     none) with fp32 gradient reduction, and `param_offload`/`offload_policy` keep the parameters in host memory
-    between uses. On CPU everything stays fp32.
+    between uses. On CPU everything stays fp32, and a mesh of one rank leaves the model as it is: there is nothing
+    to shard or reduce, and FSDP2 would still copy every weight into its gather buffer in the forward and every
+    gradient through its reduce buffer in the backward (at the Qwen2.5-0.5B shape, 8 x 90 tokens on 2 cores: forward
+    4.6 s against 3.8, backward 14.4 s against 8.0). Whatever reads the model's tensors takes plain tensors as well
+    as DTensors (the weight push, checkpoints, the merger).
     """
+    if device == "cpu" and mesh.size() == 1:
+        return model
     fsdp_config = fsdp_config or {}
     kwargs = {"mesh": mesh, "reshard_after_forward": reshards_after_forward(device, fsdp_config)}
     if device == "cuda":

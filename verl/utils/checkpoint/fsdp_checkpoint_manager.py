@@ -159,6 +159,10 @@ def save_rank_checkpoint(
     )
     if optimizer is not None:
         optim_state = optimizer.state_dict()
+        # How each parameter's state tensors are laid out, for a resume on another number of ranks (the state dict
+        # numbers the parameters in param_groups order).
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        optim_state["placements"] = {idx: _placement(params[idx]) for idx in optim_state["state"]}
         optim_state["state"] = {
             idx: {key: _local(value) if torch.is_tensor(value) else value for key, value in param_state.items()}
             for idx, param_state in optim_state["state"].items()
@@ -212,6 +216,7 @@ def _optimizer_state(path: str, rank: int, world_size: int, saved_ws: int, param
     """This rank's optimizer state dict, its per-parameter tensors laid out like the parameters `params`."""
     if saved_ws == world_size:
         state = load_file(_file(path, "optim", rank, world_size))
+        state.pop("placements", None)
         state["state"] = {
             idx: {
                 key: _like(value, params[idx]) if torch.is_tensor(value) and value.dim() > 0 else value
@@ -222,14 +227,15 @@ def _optimizer_state(path: str, rank: int, world_size: int, saved_ws: int, param
         return state
     saved = [load_file(_file(path, "optim", r, saved_ws), mmap=True) for r in range(saved_ws)]
     state = saved[0]
+    # Checkpoints from before the placements were saved come from FSDP2 on several ranks: dim 0 sharded.
+    placements = state.pop("placements", None) or {}
     for idx, param_state in state["state"].items():
         param = params[idx]
         for key, value in param_state.items():
-            if torch.is_tensor(value) and value.dim() > 0:  # sharded like its parameter
+            if torch.is_tensor(value) and value.dim() > 0:  # laid out like its parameter was when saved
                 pieces = [s["state"][idx][key] for s in saved]
-                full = merge_tensor(
-                    f"optimizer state {key} of parameter {idx}", pieces, _placement(param), list(param.shape)
-                )
+                full = merge_tensor(f"optimizer state {key} of parameter {idx}", pieces,
+                                    placements.get(idx, ["shard", 0]), list(param.shape))
                 param_state[key] = _resharded(full, param)
             elif torch.is_tensor(value):  # Adam's step: a copy, so that nothing keeps the mapped file
                 param_state[key] = value.clone()
