@@ -1,4 +1,4 @@
-"""fsdp_utils helpers that need no process group."""
+"""fsdp_utils helpers: the optimizer, its state, skipped steps (no process group), and shard_model on one CPU rank."""
 
 import copy
 import math
@@ -56,3 +56,52 @@ def test_moving_to_the_same_device_keeps_the_values():
 ])
 def test_count_skipped_steps(norms, in_row, expected):
     assert count_skipped_steps(norms, in_row) == expected
+
+
+def _one_rank_gradients(rank: int, port: int, results) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl.utils.fsdp_utils import shard_model
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        config = Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=48, tie_word_embeddings=True)
+        model = Qwen2ForCausalLM(config)
+        reference = copy.deepcopy(model)
+        mesh = init_device_mesh("cpu", (1,))
+        assert shard_model(model, mesh, "cpu") is model
+        assert not any(isinstance(p, DTensor) for p in model.parameters())
+        for layer in reference.model.layers:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+        fully_shard(reference, mesh=mesh, reshard_after_forward=False)
+        ids = torch.randint(0, 64, (3, 10), generator=torch.Generator().manual_seed(1))
+        for m in (model, reference):
+            m(input_ids=ids, labels=ids).loss.backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad.full_tensor(), rtol=1e-6, atol=1e-7, msg=name)
+        results[0] = "ok"
+    except Exception as err:  # reported to the parent
+        results[0] = repr(err)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_cpu_rank_keeps_its_model_unsharded_with_fsdp2s_gradients():
+    """shard_model on a one-rank CPU mesh leaves the model as it is (no DTensors, no FSDP2 buffers to copy through),
+    and its gradients are those of FSDP2 at one rank."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(_one_rank_gradients, args=(port, results), nprocs=1, join=True)
+    assert results[0] == "ok", results[0]
