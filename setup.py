@@ -19,7 +19,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["verl", "verl.*", "recipe", "recipe.*", "dapo"]),
-    package_data={"verl": ["trainer/config/*.yaml", "trainer/config/*/*.yaml"]},
+    package_data={"verl": ["trainer/config/*.yaml", "trainer/config/*/*.yaml", "trainer/config/*.tsv"]},
     install_requires=install_requires,
     extras_require={
         "test": ["pytest>=8", "pytest-timeout", "pytest-xdist", "ruff>=0.6", "wandb>=0.31", "tensorboard>=2.21"],

@@ -257,3 +257,66 @@ def test_the_endpoint_engine_is_refused_for_training():
     cfg = load_config(overrides=["actor_rollout_ref.rollout.name=openai"])
     with pytest.raises(ConfigError, match="rollout.name=openai sends requests to a served model.*use hf or vllm"):
         validate_ppo_config(cfg)
+
+
+# ---- verl 0.9's keys that Quiver's tree lacks (verl/trainer/config/verl_0_9_keys.tsv) ----------------------------
+def _value_for(default: str) -> str:
+    """An override value of the type of verl's default `default` (null where verl's default is null or interpolated;
+    strings quoted for Hydra's override grammar)."""
+    from verl.utils.config import _verl_default_type
+
+    kind = _verl_default_type(default)
+    if kind is None:
+        return "null"
+    if kind is str:
+        return "'" + default.replace("'", "\\'") + "'"
+    return default.replace("'", '"') if default.startswith(("[", "{")) else default
+
+
+def test_every_verl_key_is_accepted_and_announced_with_its_reason(capsys):
+    """The key walk: every verl 0.9.1 ppo_trainer key Quiver's own tree lacks can be set at once, on top of Quiver's
+    own keys; each lands in the config and is announced once as doing nothing here, with a reason."""
+    from omegaconf import OmegaConf
+
+    from verl.trainer.ppo.config_rules import announce_inert_keys
+    from verl.utils.config import NOT_CARRIED_KEYS, _flatten, verl_key_reason, verl_only_keys
+
+    keys = {key: default for key, default in verl_only_keys().items() if key not in NOT_CARRIED_KEYS}
+    assert len(keys) > 500 and not set(keys) & set(_flatten(base_config()))
+    cfg = load_config(overrides=[f"{key}={_value_for(default)}" for key, default in keys.items()])
+    assert all(OmegaConf.select(cfg, key, default="<missing>") != "<missing>" for key in keys)
+    announced = announce_inert_keys(cfg, "hf")
+    assert set(keys) <= set(announced)
+    lines = capsys.readouterr().out.splitlines()
+    line = next(line for line in lines if line.startswith("[config] global_profiler.tool="))
+    assert line.endswith(verl_key_reason("global_profiler.tool")) and "profiler" in line
+    assert verl_key_reason("data.image_key").startswith("Quiver trains text-only models")
+
+
+def test_a_verl_key_with_a_value_of_the_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.calculate_entropy='often' has the wrong type"):
+        load_config(overrides=["actor_rollout_ref.actor.calculate_entropy=often"])
+    cfg = load_config(overrides=["actor_rollout_ref.actor.entropy_from_logits_chunk_size=4096",
+                                 "reward_model.use_reward_loop=true"])  # an int for an int; a key of older verl
+    assert cfg.actor_rollout_ref.actor.entropy_from_logits_chunk_size == 4096
+
+
+def test_a_typo_of_a_verl_only_key_is_still_unknown():
+    with pytest.raises(ConfigError, match="unknown config key 'global_profiler.tol'"):
+        load_config(overrides=["global_profiler.tol=nsys"])
+
+
+@pytest.mark.parametrize(("tools", "runs_as"), [(False, "sync (verl's single_turn_agent)"),
+                                               (True, "the tool loop of sync_with_tool")])
+def test_verl_async_mode_is_accepted_and_says_how_it_runs(tools, runs_as, capsys):
+    """rollout.mode=async, verl 0.9's default, passes the check and runs as sync (plain generation, as verl's
+    single_turn_agent) or, with multi_turn.enable, as the tool loop; one line says so."""
+    from verl.trainer.ppo.config_rules import announce_inert_keys
+    from verl.workers.rollout.base import uses_agent_loop
+
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.mode=async",
+                                 f"actor_rollout_ref.rollout.multi_turn.enable={str(tools).lower()}"])
+    validate_ppo_config(cfg)
+    assert uses_agent_loop(cfg.actor_rollout_ref.rollout) is tools
+    announce_inert_keys(cfg, "hf")
+    assert f"[config] actor_rollout_ref.rollout.mode=async runs as {runs_as}:" in capsys.readouterr().out

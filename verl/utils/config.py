@@ -54,8 +54,101 @@ NOT_CARRIED_KEYS: dict[str, str] = {
 }
 
 
+VERL_KEYS_FILE = os.path.join(CONFIG_DIR, "verl_0_9_keys.tsv")
+_UNSET = "None"  # how verl_0_9_keys.tsv writes a null default
+
+# Why a verl key of verl_0_9_keys.tsv does nothing in Quiver: the first entry whose fragment the key contains.
+VERL_KEY_REASONS: tuple[tuple[str, str], ...] = (
+    ("profiler", "Quiver has no profiler hooks (nsys, npu, torch memory); profile a run with py-spy or torch.profiler"),
+    ("distillation.", "on-policy distillation from teacher models is not built in Quiver"),
+    ("transfer_queue.", "Quiver's driver hands batches to the workers directly (no transfer queue)"),
+    ("trainer.v1", "verl's experimental v1 trainer settings; Quiver has one trainer"),
+    ("skip.", "rollouts are always generated (no dumped-rollout replay)"),
+    ("model_engine", "Quiver's workers are FSDP2 workers (no engine choice)"),
+    ("reward_model.rollout.", "a reward model served by a rollout engine is not built: reward_model.* is a "
+                              "sequence classifier, and a judge served over HTTP is custom_reward_function's"),
+    ("reward.reward_model.", "verl's newer reward-model section: Quiver reads reward_model.*"),
+    ("reward_model.use_reward_loop", "Quiver scores rewards in its reward manager (no separate reward loop)"),
+    ("num_workers", "Quiver scores rewards in its reward manager's process pool (reward_model.reward_kwargs)"),
+    ("image", "Quiver trains text-only models: image columns are not read"),
+    ("video", "Quiver trains text-only models: video columns are not read"),
+    ("audio", "Quiver trains text-only models: audio columns are not read"),
+    ("multi_modal", "Quiver trains text-only models"),
+    ("vision", "Quiver trains text-only models"),
+    ("checkpoint_engine", "the weight push is one collective per tensor into the engine's own tensors"),
+    ("quantization", "the rollout engine runs the actor's weights unquantized"),
+    ("nccl_timeout", "Quiver keeps torch.distributed's default timeout"),
+    ("torch_dtype", "models are loaded in float32 and compute in fsdp_config.dtype on CUDA"),
+    ("multi_turn.", "Quiver's tool loop (rollout.mode=sync_with_tool, rollout.tools.*) reads the seeds' tag-style "
+                    "tools; verl's multi-turn tool settings are not read yet"),
+    (".agent.", "Quiver's agent loop is rollout.mode=sync_with_tool with rollout.tools.*"),
+    ("interaction", "multi-turn interactions (a simulated user turn) are not built"),
+)
+
+
+@functools.cache
+def verl_only_keys() -> dict[str, str]:
+    """verl 0.9.1's ppo_trainer keys that Quiver's tree lacks -> verl's default as written (verl_0_9_keys.tsv)."""
+    with open(VERL_KEYS_FILE) as f:
+        rows = [line.rstrip("\n").split("\t") for line in f if line.strip() and not line.startswith("#")]
+    return {key: default for key, default in rows}
+
+
+def is_verl_only(path: str) -> bool:
+    """Whether the dotted `path` is one of verl_only_keys() or a section that some of them live in."""
+    keys = verl_only_keys()
+    return path in keys or any(key.startswith(path + ".") for key in keys)
+
+
+def verl_key_reason(key: str) -> str:
+    """Why the verl-only `key` does nothing here (VERL_KEY_REASONS; a general sentence for the rest)."""
+    for fragment, reason in VERL_KEY_REASONS:
+        if fragment in key:
+            return reason
+    return "Quiver has no counterpart of this verl setting"
+
+
+def _verl_default_type(default: str) -> type | tuple[type, ...] | None:
+    """The type a verl-only key's value must have, from verl's default (None: any, for null or interpolated ones)."""
+    if default in (_UNSET, "???") or default.startswith("${"):  # ???: verl's "must be set" marker
+        return None
+    if default in ("True", "False"):
+        return bool
+    for kind, parse in ((int, int), (float, float)):
+        try:
+            parse(default)
+            return (int, float) if kind is float else int
+        except ValueError:
+            pass
+    if default.startswith("["):
+        return (list, ListConfig)
+    if default.startswith("{"):
+        return (dict, DictConfig)
+    return str
+
+
+def check_verl_only_values(cfg: DictConfig) -> list[str]:
+    """The verl-only keys `cfg` sets (they are absent unless an override added them); a value whose type is not that
+    of verl's default is a ConfigError naming the key."""
+    present, problems = [], []
+    for key, default in verl_only_keys().items():
+        value = OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False)
+        if value is _MISSING:
+            continue
+        present.append(key)
+        kind = _verl_default_type(default)
+        wrong = kind is not None and value is not None and (
+            not isinstance(value, kind) or (kind is int and isinstance(value, bool)))
+        if wrong:
+            problems.append(f"{key}={value!r} has the wrong type: verl 0.9's default is {default}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return present
+
+
 def check_override_keys(base: DictConfig, overrides: Iterable[str]) -> None:
-    """Raise ConfigError for overrides that name a key the config does not have."""
+    """Raise ConfigError for overrides that name a key the config does not have (verl 0.9's keys that Quiver lacks
+    are known: `compose_config` adds them)."""
     known = _flatten(base)
     problems = []
     for override in overrides:
@@ -65,6 +158,8 @@ def check_override_keys(base: DictConfig, overrides: Iterable[str]) -> None:
         if key in NOT_CARRIED_KEYS:
             problems.append(f"{key} (from the override '{override}') is a verl key Quiver does not carry: "
                             f"{NOT_CARRIED_KEYS[key]}.")
+            continue
+        if key in verl_only_keys():
             continue
         close = difflib.get_close_matches(key, known.keys(), n=3, cutoff=0.6)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
@@ -162,10 +257,20 @@ def compose_config(config_name: str = "ppo_trainer", overrides: list[str] | None
             base = compose(config_name=config_name)
             overrides = [drop_plus_for_existing_key(base, o) for o in overrides]
             check_override_keys(base, overrides)
+            overrides = [add_verl_only_key(base, o) for o in overrides]
             cfg = compose(config_name=config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(f"could not apply the overrides {overrides}: {err}") from err
+    check_verl_only_values(cfg)
     return base, cfg
+
+
+def add_verl_only_key(base: DictConfig, override: str) -> str:
+    """`a.b=c` -> `+a.b=c` for a verl 0.9 key that this config lacks (verl_0_9_keys.tsv), so Hydra adds it."""
+    key = _override_key(override)
+    if key is not None and key in verl_only_keys() and OmegaConf.select(base, key, default=_MISSING) is _MISSING:
+        return f"+{override}"
+    return override
 
 
 def parse_cli(argv: list[str], default_config_name: str = "ppo_trainer") -> tuple[str, str, list[str]]:

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
-from verl.utils.config import ConfigError, default_of
+from verl.utils.config import ConfigError, default_of, is_verl_only
 
 T = TypeVar("T")
 
@@ -154,6 +154,8 @@ def _assign(typed: DictConfig, cfg: DictConfig, prefix: str) -> list[str]:
     hints = typing.get_type_hints(OmegaConf.get_type(typed))
     for key in cfg.keys():
         if key not in hints:  # added with +key=value on purpose (unknown keys without + were refused before)
+            if is_verl_only(f"{prefix}{key}"):  # verl 0.9's: announced with the inert keys, with the reason
+                continue
             print(f"[config] {prefix}{key} is not one of Quiver's keys: it stays in the config for code of your own "
                   "(a plug-in may read it) and Quiver itself ignores it")
             continue

@@ -13,10 +13,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.algorithms.registry import get_adv_estimator_fn
 from verl.trainer.config.schema import PPOTrainerConfig
-from verl.utils.config import ConfigError, need, resolve_device
+from verl.utils.config import ConfigError, check_verl_only_values, need, resolve_device, verl_key_reason, verl_only_keys
 from verl.utils.typed_config import build_section, check_config_types, check_with
 from verl.workers.reward_manager.naive import OverlongBuffer
-from verl.workers.rollout.base import resolve_rollout_name
+from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
 
 
 def resolve_policy_loss(actor: DictConfig, problems: list[str]) -> None:
@@ -251,12 +251,12 @@ def _changed(cfg: DictConfig, keys) -> list[str]:
 
 
 def inert_keys_set(cfg: DictConfig, engine: str) -> list[str]:
-    """The INERT_KEYS set away from their defaults, and the vLLM-only rollout keys when the run's engine (the run
-    plan's `rollout_engine`) is another."""
+    """The INERT_KEYS set away from their defaults, the vLLM-only rollout keys when the run's engine (the run
+    plan's `rollout_engine`) is another, and the verl 0.9 keys Quiver's tree lacks that an override added."""
     keys = _changed(cfg, INERT_KEYS)
     if engine != "vllm":
         keys += _changed(cfg, [f"actor_rollout_ref.rollout.{key}" for key in VLLM_ONLY_KEYS])
-    return keys
+    return keys + check_verl_only_values(cfg)
 
 
 def announce_inert_keys(cfg: DictConfig, engine: str) -> list[str]:
@@ -266,7 +266,16 @@ def announce_inert_keys(cfg: DictConfig, engine: str) -> list[str]:
     for key in keys:
         value = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
         shown = json.dumps(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
-        reason = (INERT_KEYS[key] if key in INERT_KEYS else
-                  f"only the vllm engine reads it, and this run's engine is {engine}")
+        if key in INERT_KEYS:
+            reason = INERT_KEYS[key]
+        elif key in verl_only_keys():
+            reason = f"a verl 0.9 key without a counterpart here: {verl_key_reason(key)}"
+        else:
+            reason = f"only the vllm engine reads it, and this run's engine is {engine}"
         print(f"[config] {key}={shown} is accepted for verl scripts but does nothing in Quiver: {reason}")
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.mode == "async":
+        runs = "the tool loop of sync_with_tool" if uses_agent_loop(rollout) else "sync (verl's single_turn_agent)"
+        print(f"[config] actor_rollout_ref.rollout.mode=async runs as {runs}: each batch goes to the engine in one "
+              "call; verl's asynchronous per-sample agent loop is not built in Quiver")
     return keys

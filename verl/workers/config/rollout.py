@@ -15,7 +15,9 @@ from verl.utils.typed_config import Section, config_section
 ROLLOUT = "actor_rollout_ref.rollout"
 ENTROPY_MODES = ("topk", "exact")
 BRANCH_RULES = ("arpo", "aepo")
-ROLLOUT_MODES = ("sync", "sync_with_tool")
+# async: verl 0.9's mode (its only one). Its single_turn_agent is plain generation, so Quiver runs it as sync, and with
+# multi_turn.enable as sync_with_tool (announced at start-up: the asynchronous per-sample loop is not built).
+ROLLOUT_MODES = ("sync", "sync_with_tool", "async")
 
 
 @config_section(ROLLOUT)
@@ -130,7 +132,7 @@ class RolloutConfig(BranchingConfig):
         engines = known_rollout_names()
         need(self.name in engines, f"{p}.name={self.name!r} must be one of {', '.join(engines)} (an engine of your "
              "own is selectable once actor_rollout_ref.model.external_lib has imported its module)", problems)
-        need(self.mode in ROLLOUT_MODES, f"{p}.mode={self.mode!r} must be sync or sync_with_tool", problems)
+        need(self.mode in ROLLOUT_MODES, f"{p}.mode={self.mode!r} must be one of {', '.join(ROLLOUT_MODES)}", problems)
         need(self.temperature >= 0, f"{p}.temperature={self.temperature} must be >= 0 (0 means greedy)", problems)
         need(0 < self.top_p <= 1, f"{p}.top_p={self.top_p} must be in (0, 1]", problems)
         need(self.micro_batch_size is None or self.micro_batch_size >= 1,
