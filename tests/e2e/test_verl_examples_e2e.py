@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from e2e_utils import DIGIT_REWARD
 from seed_commands import command
-from verl_examples import DAPO_QWEN2_5_32B, GRPO_QWEN2_5_3B_LORA, GRPO_QWEN2_7B, PPO_DEEPSEEK_7B
+from verl_examples import DAPO_QWEN2_5_32B, GRPO_QWEN2_5_3B_LORA, GRPO_QWEN2_7B, GSPO_VERL_0_9, PPO_DEEPSEEK_7B
 
 pytestmark = pytest.mark.e2e
 
@@ -86,3 +86,19 @@ def test_verl_dapo_recipe(ray_session, tiny_model_dir, small_data, tmp_path, off
                 "actor_rollout_ref.ref.ulysses_sequence_parallel_size=8"):
         assert printed.count(f"[config] {key} is accepted for verl scripts") == 1
     assert "optimizer_offload" not in printed  # honoured (on CUDA; on CPU the state is in host memory anyway)
+
+
+def test_a_verl_0_9_script_trains_with_its_async_mode_engine_and_keys(ray_session, tiny_model_dir, small_data,
+                                                                      tmp_path, capsys):
+    """verl 0.9's defaults and keys Quiver's tree lacks: the run trains, and each of them gets its one line."""
+    from verl.trainer.main_ppo import main
+
+    out = tmp_path / "gspo"
+    train(main, command(GSPO_VERL_0_9, changes(small_data, out, tiny_model_dir)), out)
+    printed = capsys.readouterr().out
+    assert printed.count("[config] actor_rollout_ref.rollout.mode=async runs as sync") == 1
+    assert printed.count("[config] actor_rollout_ref.rollout.name=sglang: Quiver has no SGLang engine") == 1
+    for key in ("actor_rollout_ref.rollout.calculate_log_probs", "actor_rollout_ref.rollout.multi_turn.format",
+                "global_profiler.tool", "data.image_key", "actor_rollout_ref.actor.calculate_entropy"):
+        assert printed.count(f"[config] {key}=") == 1, key
+    assert "is not one of Quiver's keys" not in printed

@@ -106,3 +106,23 @@ DAPO_QWEN2_5_32B = [
     "trainer.nnodes=1", "trainer.val_before_train=True", "trainer.test_freq=5", "trainer.save_freq=25",
     "trainer.total_epochs={TOTAL_EPOCHS}", "trainer.default_local_dir={CKPTS_DIR}", "trainer.resume_mode=auto",
 ]
+
+# A GSPO run written for verl 0.9: its default rollout mode (async), an engine Quiver lacks (sglang), and keys of
+# verl 0.9's schema that Quiver's tree does not have (rollout log-probs, hermes tool format, a profiler, data.image_key).
+GSPO_VERL_0_9 = [
+    "algorithm.adv_estimator=grpo", "data.train_files={TRAIN_FILE}", "data.val_files={TEST_FILE}",
+    "data.train_batch_size={TRAIN_BATCH_SIZE}", "data.max_prompt_length={MAX_PROMPT_LENGTH}",
+    "data.max_response_length={MAX_RESPONSE_LENGTH}", "data.image_key=images", "data.return_raw_chat=True",
+    "actor_rollout_ref.model.path={MODEL_PATH}", "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+    "actor_rollout_ref.actor.clip_ratio_low=0.0003", "actor_rollout_ref.actor.clip_ratio_high=0.0004",
+    "actor_rollout_ref.actor.ppo_mini_batch_size={MINI_BATCH_SIZE}",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}",
+    "actor_rollout_ref.actor.calculate_entropy=True", "actor_rollout_ref.rollout.name=sglang",
+    "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.calculate_log_probs=True",
+    "actor_rollout_ref.rollout.multi_turn.format=hermes", "actor_rollout_ref.rollout.n={N}",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}",
+    "global_profiler.tool=nsys", "trainer.logger=['console']", "trainer.n_gpus_per_node={N_GPUS}",
+    "trainer.nnodes=1", "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.total_epochs={TOTAL_EPOCHS}",
+    "trainer.default_local_dir={CKPTS_DIR}",
+]

@@ -320,3 +320,18 @@ def test_verl_async_mode_is_accepted_and_says_how_it_runs(tools, runs_as, capsys
     assert uses_agent_loop(cfg.actor_rollout_ref.rollout) is tools
     announce_inert_keys(cfg, "hf")
     assert f"[config] actor_rollout_ref.rollout.mode=async runs as {runs_as}:" in capsys.readouterr().out
+
+
+def test_an_engine_name_quiver_lacks_runs_on_autos_choice_and_says_so(capsys):
+    """rollout.name=sglang (18 of verl's FSDP example scripts): accepted, resolved as auto (the HF engine here, where
+    vLLM's CPU build is not picked for the tiny shapes), one line naming the engine the run uses."""
+    from verl.trainer.ppo.config_rules import announce_inert_keys
+    from verl.trainer.ppo.run_plan import plan_run
+
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu"])
+    validate_ppo_config(cfg)
+    engine = plan_run(cfg, "cpu", actor_parameters=1000).rollout_engine
+    assert engine == "hf"
+    announce_inert_keys(cfg, engine)
+    assert ("[config] actor_rollout_ref.rollout.name=sglang: Quiver has no SGLang engine; this run uses hf"
+            in capsys.readouterr().out)

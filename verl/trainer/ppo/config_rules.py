@@ -16,7 +16,7 @@ from verl.trainer.config.schema import PPOTrainerConfig
 from verl.utils.config import ConfigError, check_verl_only_values, need, resolve_device, verl_key_reason, verl_only_keys
 from verl.utils.typed_config import build_section, check_config_types, check_with
 from verl.workers.reward_manager.naive import OverlongBuffer
-from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
+from verl.workers.rollout.base import ENGINES_NOT_BUILT, resolve_rollout_name, uses_agent_loop
 
 
 def resolve_policy_loss(actor: DictConfig, problems: list[str]) -> None:
@@ -156,7 +156,7 @@ def check_group_filters(config: PPOTrainerConfig, problems: list[str]) -> None:
 def check_engine(cfg: DictConfig, problems: list[str]) -> None:
     """vLLM's settings against the model, the device and the ranks (read from the model's config.json)."""
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name not in ("auto", "vllm") or cfg.trainer.device not in ("auto", "cpu", "cuda"):
+    if rollout.name not in ("auto", "vllm", *ENGINES_NOT_BUILT) or cfg.trainer.device not in ("auto", "cpu", "cuda"):
         return
     device = resolve_device("auto") if cfg.trainer.device == "auto" else cfg.trainer.device
     if resolve_rollout_name(rollout.name, device) == "vllm":
@@ -274,6 +274,9 @@ def announce_inert_keys(cfg: DictConfig, engine: str) -> list[str]:
             reason = f"only the vllm engine reads it, and this run's engine is {engine}"
         print(f"[config] {key}={shown} is accepted for verl scripts but does nothing in Quiver: {reason}")
     rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name in ENGINES_NOT_BUILT and rollout.name != engine:
+        print(f"[config] actor_rollout_ref.rollout.name={rollout.name}: Quiver has no {ENGINES_NOT_BUILT[rollout.name]} "
+              f"engine; this run uses {engine}, what rollout.name=auto picks here")
     if rollout.mode == "async":
         runs = "the tool loop of sync_with_tool" if uses_agent_loop(rollout) else "sync (verl's single_turn_agent)"
         print(f"[config] actor_rollout_ref.rollout.mode=async runs as {runs}: each batch goes to the engine in one "

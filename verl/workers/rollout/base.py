@@ -182,7 +182,7 @@ def get_rollout_cls(name: str) -> type[RolloutEngine]:
 
 def known_rollout_names() -> list[str]:
     """Every selectable `rollout.name`: "auto", the built-in engines and whatever `register_rollout` added."""
-    return sorted({"auto", *_BUILTIN_ROLLOUT_MODULES, *_ROLLOUT_REGISTRY})
+    return sorted({"auto", *_BUILTIN_ROLLOUT_MODULES, *ENGINES_NOT_BUILT, *_ROLLOUT_REGISTRY})
 
 
 def uses_agent_loop(rollout: Any) -> bool:
@@ -211,11 +211,18 @@ def config_value(config, key: str, default=_SHIPPED):
 VLLM_CPU_MIN_PARAMETERS = 50_000_000
 
 
+# Engine names verl accepts whose engines Quiver does not have: unless a plug-in registered one under that name, they
+# run on what rollout.name=auto picks (announced at start-up by config_rules.announce_inert_keys).
+ENGINES_NOT_BUILT = {"sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+
+
 def resolve_rollout_name(name: str, device: str, actor_parameters: int | None = None,
                          vllm_problems: Callable[[], list[str]] | None = None) -> str:
     """`rollout.name=auto`: vLLM where it is installed -- on CUDA, and on CPU for an actor of VLLM_CPU_MIN_PARAMETERS
     or more (`actor_parameters`) that vLLM's CPU build can run (`vllm_problems()` finds nothing) --, otherwise the
-    HF engine."""
+    HF engine. A name of ENGINES_NOT_BUILT that no plug-in registered resolves as auto."""
+    if name in ENGINES_NOT_BUILT and name not in _ROLLOUT_REGISTRY:
+        name = "auto"
     if name != "auto" or importlib.util.find_spec("vllm") is None:
         return "hf" if name == "auto" else name
     if device == "cuda":
