@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from verl.trainer.config import load_config
@@ -166,7 +168,7 @@ def test_an_engine_added_with_register_rollout_passes_validation():
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY, RolloutEngine, register_rollout
 
     cfg = load_config(overrides=["actor_rollout_ref.rollout.name=my_engine"])
-    with pytest.raises(ConfigError, match="rollout.name='my_engine' must be one of auto, hf, openai, vllm"):
+    with pytest.raises(ConfigError, match="rollout.name='my_engine' must be one of auto, hf, openai, sglang, trtllm, vllm"):
         validate_ppo_config(cfg)
     register_rollout("my_engine")(type("MyEngine", (RolloutEngine,), {}))
     try:
@@ -335,3 +337,17 @@ def test_an_engine_name_quiver_lacks_runs_on_autos_choice_and_says_so(capsys):
     announce_inert_keys(cfg, engine)
     assert ("[config] actor_rollout_ref.rollout.name=sglang: Quiver has no SGLang engine; this run uses hf"
             in capsys.readouterr().out)
+
+
+def test_a_relative_config_path_is_resolved_from_the_entry_points_folder_as_hydra_does(tmp_path, monkeypatch):
+    """verl's scripts write `--config-path=config` (its configs sit beside verl/trainer/main_ppo.py): it finds
+    Quiver's own there whatever the working directory; a relative path that is not beside the entry point is taken
+    from the working directory (the seeds' configs/ folder)."""
+    from verl.utils.config import CONFIG_DIR
+
+    entry = os.path.join(os.path.dirname(CONFIG_DIR), "main_ppo.py")
+    monkeypatch.chdir(tmp_path)
+    assert parse_cli(["--config-path=config", "--config-name=ppo_trainer"], entry_file=entry)[0] == CONFIG_DIR
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "ppo_trainer.yaml").write_text("defaults: [quiver_ppo_trainer, _self_]\n")
+    assert parse_cli(["--config-path", "configs"], entry_file=entry)[0] == str(tmp_path / "configs")

@@ -273,22 +273,41 @@ def add_verl_only_key(base: DictConfig, override: str) -> str:
     return override
 
 
-def parse_cli(argv: list[str], default_config_name: str = "ppo_trainer") -> tuple[str, str, list[str]]:
-    """Split Hydra-style `--config-path`/`--config-name` flags from `k=v` overrides."""
-    config_dir, config_name, overrides = CONFIG_DIR, default_config_name, []
+def parse_cli(argv: list[str], default_config_name: str = "ppo_trainer",
+              entry_file: str | None = None) -> tuple[str, str, list[str]]:
+    """Split Hydra-style `--config-path`/`--config-name` flags from `k=v` overrides.
+
+    A relative `--config-path` is resolved as Hydra resolves it, from the folder of the entry point's file
+    (`entry_file`; default: the running `__main__` module's), so verl's `--config-path=config` finds
+    verl/trainer/config; where that folder has no such config, from the working directory instead."""
+    config_path, config_name, overrides = None, default_config_name, []
     args = iter(argv)
     for arg in args:
         for flag in ("--config-path", "--config-name", "-cp", "-cn"):
             if arg == flag or arg.startswith(flag + "="):
                 value = arg.split("=", 1)[1] if "=" in arg else next(args, "")
                 if flag in ("--config-path", "-cp"):
-                    config_dir = os.path.abspath(value)
+                    config_path = value
                 else:
                     config_name = value.removesuffix(".yaml")
                 break
         else:
             overrides.append(arg)
-    return config_dir, config_name, overrides
+    return _config_dir(config_path, config_name, entry_file), config_name, overrides
+
+
+def _config_dir(config_path: str | None, config_name: str, entry_file: str | None) -> str:
+    if config_path is None:
+        return CONFIG_DIR
+    if os.path.isabs(config_path):
+        return config_path
+    if entry_file is None:
+        entry_file = getattr(__import__("__main__"), "__file__", None)
+    if entry_file:
+        beside_entry = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(entry_file)), config_path))
+        if os.path.exists(os.path.join(beside_entry, f"{config_name}.yaml")):
+            return beside_entry
+    return os.path.abspath(config_path)
 
 
 def need(condition: bool, message: str, problems: list[str]) -> None:
