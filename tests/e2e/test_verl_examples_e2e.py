@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 import pytest
+import torch
 from e2e_utils import DIGIT_REWARD
 from seed_commands import command
 from verl_examples import DAPO_QWEN2_5_32B, GRPO_QWEN2_5_3B_LORA, GRPO_QWEN2_7B, GSPO_VERL_0_9, PPO_DEEPSEEK_7B
@@ -102,3 +103,34 @@ def test_a_verl_0_9_script_trains_with_its_async_mode_engine_and_keys(ray_sessio
                 "global_profiler.tool", "data.image_key", "actor_rollout_ref.actor.calculate_entropy"):
         assert printed.count(f"[config] {key}=") == 1, key
     assert "is not one of Quiver's keys" not in printed
+
+
+def test_verl_lora_from_a_saved_adapter(ray_session, tiny_model_dir, small_data, tmp_path, offline):
+    """verl's `model.lora_adapter_path`: training starts from the saved adapter. At lr 0 the checkpoint's adapter is
+    the saved one exactly (a fresh adapter would have lora_B = 0), and the merger exports it back in peft's format."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from verl.model_merger.fsdp_model_merger import merged_state
+    from verl.trainer.main_ppo import main
+    from verl.utils.lora import adapter_items, apply_lora
+
+    torch.manual_seed(0)
+    saved = apply_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir), rank=4, alpha=8, target_modules="all-linear")
+    with torch.no_grad():
+        for name, param in saved.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+    saved.save_pretrained(tmp_path / "adapter")
+    expected = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert expected
+
+    out = tmp_path / "lora_from_adapter"
+    argv = command(GRPO_QWEN2_5_3B_LORA, changes(small_data, out, tiny_model_dir, LORA_RANK=4))
+    train(main, [*argv, f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'adapter'}",
+                 "actor_rollout_ref.actor.optim.lr=0"], out)
+    state, _ = merged_state(str(out / "global_step_2" / "actor"))
+    trained = adapter_items(state)
+    assert trained.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(trained[name], tensor, rtol=0, atol=0, msg=name)

@@ -50,3 +50,42 @@ def test_incomplete_lora_layers_are_an_error():
 def test_adapter_export_names(adapted):
     names = list(adapter_items(adapted.state_dict()))
     assert names and all(".default." not in n and ("lora_A.weight" in n or "lora_B.weight" in n) for n in names)
+
+
+def test_lora_starts_from_a_saved_adapter(adapted, tiny_model_dir, tmp_path):
+    """lora_adapter_path (verl's key): its adapter_config.json decides rank, alpha and targets, and the loaded adapter
+    is the saved one, trainable; lora_rank alone decides otherwise; neither means full fine-tuning."""
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
+
+    from verl.utils.lora import load_lora_adapter, lora_settings
+
+    adapted.save_pretrained(tmp_path / "adapter")
+    model_cfg = OmegaConf.create({"lora_rank": 0, "lora_alpha": 16, "target_modules": "all-linear",
+                                  "lora_adapter_path": str(tmp_path / "adapter")})
+    rank, alpha, targets = lora_settings(model_cfg)
+    assert (rank, alpha) == (4, 8.0) and any(str(t).endswith("q_proj") for t in targets)
+    loaded = load_lora_adapter(AutoModelForCausalLM.from_pretrained(tiny_model_dir), model_cfg.lora_adapter_path)
+    saved = {n: p for n, p in adapted.named_parameters() if "lora_" in n}
+    got = {n: p for n, p in loaded.named_parameters() if "lora_" in n}
+    assert got.keys() == saved.keys() and all(torch.equal(got[n], saved[n]) for n in saved)
+    assert all(p.requires_grad for p in got.values()) and lora_scaling(loaded) == 2.0
+    assert lora_settings(OmegaConf.merge(model_cfg, {"lora_adapter_path": None, "lora_rank": 8})) == (8, 16,
+                                                                                                      "all-linear")
+    assert lora_settings(OmegaConf.merge(model_cfg, {"lora_adapter_path": None})) is None
+
+
+def test_a_saved_adapter_of_another_rank_or_none_at_all_is_a_config_error(adapted, tiny_model_dir, tmp_path):
+    from verl.trainer.config import load_config
+    from verl.trainer.ppo.config_rules import validate_ppo_config
+    from verl.utils.config import ConfigError
+
+    adapted.save_pretrained(tmp_path / "adapter")
+    base = [f"actor_rollout_ref.model.path={tiny_model_dir}"]
+    validate_ppo_config(load_config(overrides=[*base, f"actor_rollout_ref.model.lora_adapter_path={tmp_path}/adapter",
+                                               "actor_rollout_ref.model.lora_rank=4"]))
+    with pytest.raises(ConfigError, match=r"lora_rank=8 but the adapter at .* has r=4: set lora_rank=4"):
+        validate_ppo_config(load_config(overrides=[*base, "actor_rollout_ref.model.lora_rank=8",
+                                                   f"actor_rollout_ref.model.lora_adapter_path={tmp_path}/adapter"]))
+    with pytest.raises(ConfigError, match=r"lora_adapter_path=.*: no adapter_config.json there"):
+        validate_ppo_config(load_config(overrides=[*base, f"actor_rollout_ref.model.lora_adapter_path={tmp_path}"]))

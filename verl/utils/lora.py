@@ -1,4 +1,5 @@
-r"""LoRA through `peft` (`actor_rollout_ref.model.lora_rank > 0`): adapters on the actor, merged weights elsewhere.
+r"""LoRA through `peft` (`actor_rollout_ref.model.lora_rank > 0`, or `lora_adapter_path`: start from a saved adapter):
+adapters on the actor, merged weights elsewhere.
 
 Only the adapter weights train. The reference policy is the same module with the adapter switched off (no second
 copy of the model). The rollout engine and the merged HF model get plain weights of the base architecture:
@@ -20,6 +21,35 @@ import torch
 PEFT_PREFIX = "base_model.model."
 _LORA_PART = re.compile(r"^(?P<module>.+)\.(?P<part>base_layer\.weight|base_layer\.bias|lora_A\.default\.weight|"
                         r"lora_B\.default\.weight)$")
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def lora_settings(model_cfg) -> tuple[int, float, object] | None:
+    """(rank, alpha, target modules) of the actor's LoRA, or None for full fine-tuning: `lora_rank` > 0, or a saved
+    adapter at `lora_adapter_path` (verl's key), whose own r, lora_alpha and target_modules then hold. The one place
+    that decides whether a run trains LoRA adapters."""
+    import json
+    import os
+
+    path = model_cfg.get("lora_adapter_path")
+    if path:
+        with open(os.path.join(os.path.expanduser(path), ADAPTER_CONFIG)) as f:
+            saved = json.load(f)
+        return int(saved["r"]), float(saved["lora_alpha"]), saved["target_modules"]
+    if model_cfg.lora_rank > 0:
+        return model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules
+    return None
+
+
+def load_lora_adapter(model: torch.nn.Module, path: str):
+    """The peft model with the saved adapter at `path` loaded as the trainable "default" adapter."""
+    import os
+
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, os.path.expanduser(path), is_trainable=True)
 
 
 def apply_lora(model: torch.nn.Module, rank: int, alpha: float, target_modules, exclude_modules: str | None = None):

@@ -53,6 +53,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.config import ConfigError
 from verl.utils.fsdp_utils import reshards_after_forward
+from verl.utils.lora import lora_settings
 from verl.utils.run_plan import MicroBatches, RunPlan
 
 GIB = 1024**3
@@ -380,7 +381,8 @@ def estimate_ppo_memory(
         "actor weights": weights(actor, actor_fsdp),
         "actor optimizer": actor_optimizer if on_device(actor_fsdp.optimizer_offload) else 0,
     }
-    if plan.use_reference_policy and model_cfg.lora_rank == 0:
+    lora = lora_settings(model_cfg)
+    if plan.use_reference_policy and lora is None:
         resident["ref weights"] = weights(actor, arr.ref.fsdp_config)
     if plan.use_critic:
         critic_shape, critic_fsdp = shapes["critic"], config.critic.model.fsdp_config
@@ -434,7 +436,7 @@ def estimate_ppo_memory(
             **forward_parts(old, grad=False, entropy=True, extra_copies=sum_pi_squared),
         }
     if "ref_log_prob" in passes:
-        ref_fsdp = actor_fsdp if model_cfg.lora_rank > 0 else arr.ref.fsdp_config
+        ref_fsdp = actor_fsdp if lora is not None else arr.ref.fsdp_config
         ref = _Pass(actor, ref_fsdp, actor_c, sequences("ref_log_prob"), checkpointing)
         phases["ref"] = {**resident, **forward_parts(ref, grad=False, entropy=False)}
 
@@ -531,12 +533,13 @@ def ppo_model_shapes(config: DictConfig, critic: bool) -> dict[str, ModelShape]:
     """The shapes of the run's models: the actor's, the critic's (`critic`) and the reward model's (when on)."""
     model = config.actor_rollout_ref.model
     overrides = OmegaConf.to_container(model.override_config, resolve=True)
+    lora_rank, _, lora_targets = lora_settings(model) or (0, 0.0, model.target_modules)
     shapes = {
         "actor": read_model_shape(
             model.path,
             "lm",
-            model.lora_rank,
-            model.target_modules,
+            lora_rank,
+            lora_targets,
             model.get("exclude_modules"),
             overrides,
             model.trust_remote_code,

@@ -27,7 +27,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint, save_rank_checkpoint
 from verl.utils.fsdp_utils import build_optimizer, move_optimizer_state, shard_model
 from verl.utils.import_utils import import_external_libs
-from verl.utils.lora import apply_lora, lora_scaling, merge_lora_items
+from verl.utils.lora import apply_lora, load_lora_adapter, lora_scaling, lora_settings, merge_lora_items
 from verl.utils.packing import uses_varlen_attention
 from verl.utils.run_plan import RunPlan
 from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -230,14 +230,16 @@ class ActorRolloutRefWorker(Worker):
         model_cfg = self.config.model
         self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path or model_cfg.path),
                                                        trust_remote_code=model_cfg.trust_remote_code)
-        self._lora = model_cfg.lora_rank > 0
+        lora = lora_settings(model_cfg)
+        self._lora = lora is not None
         if self._is_actor:
             model = self._load_hf_model()
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if self._lora:
-                model = apply_lora(model, model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules,
-                                   model_cfg.get("exclude_modules"))
+            if model_cfg.get("lora_adapter_path"):
+                model = load_lora_adapter(model, model_cfg.lora_adapter_path)
+            elif self._lora:
+                model = apply_lora(model, *lora, model_cfg.get("exclude_modules"))
             self.actor_module = shard_model(model, self._mesh, self.device, self.config.actor.fsdp_config,
                                             compute_dtype=plan.compute_dtype)
             self.actor_optimizer, self.actor_lr_scheduler = optimizer_from_config(self.actor_module,

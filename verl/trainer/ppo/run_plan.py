@@ -30,6 +30,7 @@ from verl.trainer.ppo.config_rules import critic_enabled, world_size
 from verl.trainer.ppo.rollout_corr_helper import correction_enabled
 from verl.utils.config import ConfigError, option
 from verl.utils.fsdp_utils import COMPUTE_DTYPES
+from verl.utils.lora import lora_settings
 from verl.utils.run_plan import MicroBatches, RunPlan, UpdateBatches
 from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
 from verl.workers.rollout.hf_rollout import uses_static_decode
@@ -98,7 +99,7 @@ def old_log_prob_source(config: DictConfig, engine: str, device: str) -> str:
     if on_policy and not config.algorithm.use_kl_in_reward and not estimator_reads:
         return "actor"
     exact_engine = (device == "cpu" and engine == "hf" and not uses_agent_loop(rollout)
-                    and config.actor_rollout_ref.model.lora_rank == 0)
+                    and lora_settings(config.actor_rollout_ref.model) is None)
     return "rollout" if exact_engine else "recompute"
 
 

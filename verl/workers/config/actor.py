@@ -52,18 +52,38 @@ class ModelConfig(Section):
     lora_alpha: float
     target_modules: Any  # "all-linear", comma-separated names or a list
     exclude_modules: str | None
+    lora_adapter_path: str | None
 
     def check(self, problems: list[str]) -> None:
         p = self.__config_prefix__
         need(self.lora_rank >= 0, f"{p}.lora_rank={self.lora_rank} must be an integer >= 0 (0 = full fine-tuning)",
              problems)
-        if self.lora_rank > 0:
+        if self.lora_adapter_path:
+            self._check_adapter(problems)
+        if self.lora_rank > 0 or self.lora_adapter_path:
             need(importlib.util.find_spec("peft") is not None, f"{p}.lora_rank>0 needs the peft package: "
                  "pip install peft", problems)
             need(self.lora_alpha > 0, f"{p}.lora_alpha={self.lora_alpha} must be > 0", problems)
         if self.path is not None:
             need(os.path.isdir(os.path.expanduser(self.path)), f"{p}.path: not a local model directory: {self.path} "
                  "(a Hugging Face Hub id, owner/name, is fetched into the Hugging Face cache first)", problems)
+
+
+    def _check_adapter(self, problems: list[str]) -> None:
+        import json
+
+        from verl.utils.lora import ADAPTER_CONFIG
+
+        p, path = self.__config_prefix__, os.path.expanduser(self.lora_adapter_path)
+        config_file = os.path.join(path, ADAPTER_CONFIG)
+        if not os.path.isfile(config_file):
+            problems.append(f"{p}.lora_adapter_path={self.lora_adapter_path}: no {ADAPTER_CONFIG} there (a folder "
+                            "saved by peft's save_pretrained, e.g. the lora_adapter folder of a Quiver checkpoint)")
+            return
+        with open(config_file) as f:
+            rank = json.load(f).get("r")
+        need(self.lora_rank in (0, rank), f"{p}.lora_rank={self.lora_rank} but the adapter at "
+             f"{self.lora_adapter_path} has r={rank}: set lora_rank={rank} (or 0)", problems)
 
 
 @config_section(f"{ACTOR}.optim")
