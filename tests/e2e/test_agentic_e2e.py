@@ -130,3 +130,49 @@ def test_aepo_trains_three_steps_with_dynamic_rollouts(ray_session, tool_task, t
     assert set(pd.Series(batch.non_tensor_batch["uid"]).value_counts()) == {4}
     assert check_masks(trainer, batch) > 0
     assert torch.isfinite(batch.batch["advantages"]).all()
+
+
+def test_hermes_tool_calls_train_through_the_chat_template(ray_session, tool_task, tiny_model_dir, tmp_path):
+    """`multi_turn.format=hermes` (verl's format): a model primed on hermes-style demonstrations calls the python tool
+    as `<tool_call>{"name": "python", "arguments": {"code": ...}}</tool_call>`, the result comes back as the chat
+    template's tool turn, out of the loss, and the run trains."""
+    import json
+    import re
+
+    from e2e_utils import fit_trainer, prime_model
+    from transformers import AutoTokenizer
+
+    from verl.workers.rollout.tool_formats import HermesFormat
+
+    _, data_dir = tool_task
+    write_result = HermesFormat(["python"], AutoTokenizer.from_pretrained(tiny_model_dir)).result_text
+
+    def hermes(response: str) -> str:
+        def call(match):
+            return (f'<tool_call>{json.dumps({"name": "python", "arguments": {"code": match[1]}})}</tool_call>'
+                    + write_result(match[2]))
+        return re.sub(r"<python>(.*?)</python> <result>\n(.*?)\n</result>", call, response, flags=re.S)
+
+    train = pd.read_parquet(f"{data_dir}/train.parquet")
+    conversations = [(list(p), hermes(info["response"])) for p, info in zip(train["prompt"], train["extra_info"])]
+    assert sum("<tool_call>" in r for _, r in conversations) > 0
+    model_dir = str(tmp_path / "hermes_model")
+    prime_model(tiny_model_dir, model_dir, conversations, steps=150)
+    trainer, history, before, after, batch = fit_trainer(
+        agentic_overrides(model_dir, data_dir, tmp_path / "run", f"{ROLLOUT}.multi_turn.format=hermes",
+                          f"{ROLLOUT}.beam_size=1", "trainer.total_training_steps=2"), model_dir, probe_step=True)
+    assert [m["training/global_step"] for m in history] == [1, 2]
+    assert all(m["tools/calls_per_trajectory"] > 0 and 0 < m["tools/result_token_fraction"] < 1 for m in history)
+    assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
+    tokenizer, results = trainer.tokenizer, 0
+    response_len = batch.batch["responses"].shape[1]
+    lengths = batch.batch["attention_mask"][:, -response_len:].sum(-1).tolist()
+    for ids, loss, length in zip(batch.batch["responses"], batch.batch["response_mask"], lengths):
+        for k in range(1, int(length)):  # every run of tokens out of the loss follows a call of the model's own
+            if loss[k] == 0 and loss[k - 1] == 1:
+                results += 1
+                before_it = tokenizer.decode(ids[:k], skip_special_tokens=False)
+                assert before_it.rstrip().endswith("</tool_call>"), before_it[-80:]
+                after_it = tokenizer.decode(ids[k:], skip_special_tokens=False)
+                assert after_it.startswith("<|im_end|>\n<|im_start|>tool\n"), after_it[:80]  # the template's turn
+    assert results > 0

@@ -99,8 +99,8 @@ def test_a_verl_0_9_script_trains_with_its_async_mode_engine_and_keys(ray_sessio
     printed = capsys.readouterr().out
     assert printed.count("[config] actor_rollout_ref.rollout.mode=async runs as sync") == 1
     assert printed.count("[config] actor_rollout_ref.rollout.name=sglang: Quiver has no SGLang engine") == 1
-    for key in ("actor_rollout_ref.rollout.calculate_log_probs", "actor_rollout_ref.rollout.multi_turn.format",
-                "global_profiler.tool", "data.image_key", "actor_rollout_ref.actor.calculate_entropy"):
+    for key in ("actor_rollout_ref.rollout.calculate_log_probs", "global_profiler.tool", "data.image_key",
+                "actor_rollout_ref.actor.calculate_entropy"):
         assert printed.count(f"[config] {key}=") == 1, key
     assert "is not one of Quiver's keys" not in printed
 

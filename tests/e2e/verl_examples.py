@@ -108,7 +108,8 @@ DAPO_QWEN2_5_32B = [
 ]
 
 # A GSPO run written for verl 0.9: its default rollout mode (async), an engine Quiver lacks (sglang), and keys of
-# verl 0.9's schema that Quiver's tree does not have (rollout log-probs, hermes tool format, a profiler, data.image_key).
+# verl 0.9's schema that Quiver's tree does not have (rollout log-probs, a profiler, data.image_key), and the hermes
+# tool format (read by the tool loop only).
 GSPO_VERL_0_9 = [
     "algorithm.adv_estimator=grpo", "data.train_files={TRAIN_FILE}", "data.val_files={TEST_FILE}",
     "data.train_batch_size={TRAIN_BATCH_SIZE}", "data.max_prompt_length={MAX_PROMPT_LENGTH}",

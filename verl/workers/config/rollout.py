@@ -88,6 +88,14 @@ class ToolsConfig(Section):
 @config_section(f"{ROLLOUT}.multi_turn")
 class MultiTurnConfig(Section):
     enable: bool  # true = mode sync_with_tool
+    format: str | None  # null = the seeds' tags, or hermes (verl/workers/rollout/tool_formats.py)
+
+    def check(self, problems: list[str]) -> None:
+        from verl.workers.rollout.tool_formats import FORMATS
+
+        super().check(problems)
+        need(self.format in (None, *FORMATS), f"{self.__config_prefix__}.format={self.format!r} must be one of "
+             f"{', '.join(FORMATS)} (null = tags)", problems)
 
 
 @config_section(ROLLOUT)

@@ -68,14 +68,17 @@ from verl.workers.rollout.base import (
     _unpadded_prompts,
     layout_rollout_batch,
 )
+from verl.workers.rollout.tool_formats import TAG_RESULT, ToolCall, build_call_format
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
     from verl.workers.tools.manager import ToolManager
 
 logger = logging.getLogger(__name__)
-RESULT_TEMPLATE = " <result>\n{}\n</result>"
 
+
+# The seeds' result block (the tags format of tool_formats.py).
+RESULT_TEMPLATE = TAG_RESULT
 
 @dataclass
 class Trajectory:
@@ -148,11 +151,14 @@ class AgentLoop:
     """
 
     def __init__(self, engine: RolloutEngine, tokenizer, tools: ToolManager | None, config: BranchingConfig,
-                 seed: int | None = 0):
+                 seed: int | None = 0, call_format: str | None = None):
         self.engine, self.tokenizer, self.tools, self.config = engine, tokenizer, tools, config
         self.rng = random.Random(seed)
         self.vocab_size = len(tokenizer)
-        self.stop_strings = list(tools.stop_strings) if tools is not None else []
+        # How calls are written and results written back (tool_formats.py; rollout.multi_turn.format).
+        names = [stop[2:-1] for stop in tools.stop_strings] if tools is not None else []  # "</python>" -> python
+        self.format = build_call_format(call_format, names, tokenizer)
+        self.stop_strings = list(self.format.stop_strings) if tools is not None else []
         self.call_limit = tools.call_limit if tools is not None else 0
         self.last_branch_draws: list[tuple[int, float, bool]] = []  # (prompt, dH, fired) of the last call, for tests
         self.measure_entropy = True  # segment entropies (log-probs asked of the engine) only when a call may branch
@@ -251,49 +257,43 @@ class AgentLoop:
                 elif traj.after_tool:
                     branch_points.append((traj, h - traj.h_init, prefix_len))
             traj.after_tool = False
-            tag = self._tool_tag(out)
-            if tag is None:
+            stop = self._call_stop(out)
+            if stop is None:
                 traj.finish_reason = out.finish_reason
             elif len(traj.response) >= response_length:
                 traj.finish_reason = "length"  # no room left for a result
             else:
-                calls.append((traj, tag, self._call_content(out.token_ids, tag)))
+                # Only this segment is searched: a call in the prompt or an earlier turn is not one.
+                calls.append((traj, self.format.parse(self.tokenizer.decode(out.token_ids, skip_special_tokens=True),
+                                                      stop)))
         self._run_tools(calls, response_length)
         return branch_points
 
-    def _tool_tag(self, out: CompletionOutput) -> str | None:
+    def _call_stop(self, out: CompletionOutput) -> str | None:
+        """The stop string that ended the segment at a tool call ("</python>", "</tool_call>"), or None."""
         if out.finish_reason == "stop" and out.stop_reason in self.stop_strings:
-            return out.stop_reason[2:-1]  # "</python>" -> "python"
+            return out.stop_reason
         return None
 
-    def _call_content(self, segment: list[int], tag: str) -> str | None:
-        """The text between the segment's last `<tag>` and its closing tag; None when there is no opening tag.
-        Only this segment is searched (a tag in the prompt or an earlier turn is not a call)."""
-        text = self.tokenizer.decode(segment, skip_special_tokens=True)
-        body = text[: text.rfind(f"</{tag}>")]
-        opening = body.rfind(f"<{tag}>")
-        return None if opening < 0 else body[opening + len(tag) + 2 :].strip()
-
-    def _run_tools(self, calls: list[tuple[Trajectory, str, str | None]], response_length: int) -> None:
+    def _run_tools(self, calls: list[tuple[Trajectory, ToolCall]], response_length: int) -> None:
         """Execute the round's calls concurrently and append each result with loss mask 0."""
         texts: dict[int, str] = {}
         runnable = []
-        for k, (traj, tag, content) in enumerate(calls):
+        for k, (traj, call) in enumerate(calls):
             if traj.calls >= self.call_limit:
                 texts[k] = (f"Tool call limit ({self.call_limit}) reached: no more tool calls, give the final "
                             "answer.")
-            elif not content:
+            elif call.error is not None:
                 traj.calls += 1
-                texts[k] = (f"Error: empty <{tag}> call; put the input between <{tag}> and </{tag}>."
-                            if content == "" else f"Error: </{tag}> without an opening <{tag}> tag.")
+                texts[k] = call.error
             else:
                 traj.calls += 1
                 runnable.append(k)
-        results = self.tools.run([(calls[k][1], calls[k][2]) for k in runnable]) if runnable else []
+        results = self.tools.run([(calls[k][1].tool, calls[k][1].content) for k in runnable]) if runnable else []
         for k, result in zip(runnable, results):
             texts[k] = result.text
-        for k, (traj, _, _) in enumerate(calls):
-            ids = self.tokenizer.encode(RESULT_TEMPLATE.format(texts[k]), add_special_tokens=False)
+        for k, (traj, _) in enumerate(calls):
+            ids = self.tokenizer.encode(self.format.result_text(texts[k]), add_special_tokens=False)
             room = response_length - len(traj.response)
             traj.extend(ids[:room], [0.0] * min(len(ids), room), [0.0] * min(len(ids), room), mask=0)
             if len(ids) >= room:
@@ -347,7 +347,8 @@ def build_agent_loop(engine: RolloutEngine, tokenizer, rollout_config: Any, rank
                        "every tool failed to load): responses are generated without tool calls")
     seed = rollout_config.get("seed")
     return AgentLoop(engine, tokenizer, tools, BranchingConfig.from_rollout_config(rollout_config),
-                     seed=None if seed is None else seed + 1_000_003 * rank)
+                     seed=None if seed is None else seed + 1_000_003 * rank,
+                     call_format=(rollout_config.get("multi_turn") or {}).get("format"))
 
 
 def assemble_batch(prompts: DataProto, groups: list[list[Trajectory]], n: int, response_length: int,
