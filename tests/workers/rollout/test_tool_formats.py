@@ -97,3 +97,38 @@ def test_the_loop_runs_hermes_calls_and_masks_their_results():
     start = len(first)
     assert traj.mask[:start] == [1] * start and traj.mask[start:start + len(result[0])] == [0] * len(result[0])
     assert traj.calls == 3 and traj.finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("side", "expected"), [("left", "abcd...(truncated)..."), ("right", "...(truncated)...ghij"),
+                                                ("middle", "ab...(truncated)...ij")])
+def test_a_long_tool_result_is_cut_at_the_chosen_side(side, expected):
+    from verl.workers.rollout.tool_formats import truncate_result
+
+    assert truncate_result("abcdefghij", 4, side) == expected
+    assert truncate_result("abc", 4, side) == "abc" and truncate_result("abcdefghij", None, side) == "abcdefghij"
+
+
+def test_the_loop_honours_verls_turn_and_result_length_limits():
+    """max_assistant_turns=2: the second turn's call is not run and the trajectory ends there;
+    max_tool_response_length cuts the first result."""
+    call = hermes_call("python", {"code": "print(2)"})
+    segments = iter([call, call, " never$"])
+    loop = AgentLoop(ScriptedEngine(lambda prompt, response: (next(segments), 0.5)), TOK,
+                     FakeTools(answer=lambda tag, content: "0123456789" * 3), BranchingConfig(entropy_mode="exact"),
+                     seed=0, call_format="hermes", max_assistant_turns=2, max_tool_response_length=10,
+                     tool_response_truncate_side="left")
+    (traj,), = loop.run(prompts_for(1), n=1, params=PARAMS, response_length=2000)[0]
+    assert loop.tools.calls == [("python", "print(2)")]  # one call run; the second turn's is not
+    assert TOK.decode(traj.response) == call + HERMES_PLAIN_RESULT.format("0123456789...(truncated)...") + call
+    assert traj.finish_reason == "length" and len(loop.engine.requests) == 2
+
+
+def test_verls_multi_turn_limits_are_checked_by_name():
+    from verl.trainer.config import load_config
+    from verl.trainer.ppo.config_rules import validate_ppo_config
+    from verl.utils.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"multi_turn.max_assistant_turns=0 must be >= 1.*\n.*"
+                                          r"tool_response_truncate_side='top' must be one of left, right, middle"):
+        validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=0",
+                                                   "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=top"]))

@@ -89,13 +89,22 @@ class ToolsConfig(Section):
 class MultiTurnConfig(Section):
     enable: bool  # true = mode sync_with_tool
     format: str | None  # null = the seeds' tags, or hermes (verl/workers/rollout/tool_formats.py)
+    max_assistant_turns: int | None
+    max_tool_response_length: int | None
+    tool_response_truncate_side: str
 
     def check(self, problems: list[str]) -> None:
-        from verl.workers.rollout.tool_formats import FORMATS
+        from verl.workers.rollout.tool_formats import FORMATS, TRUNCATE_SIDES
 
         super().check(problems)
-        need(self.format in (None, *FORMATS), f"{self.__config_prefix__}.format={self.format!r} must be one of "
-             f"{', '.join(FORMATS)} (null = tags)", problems)
+        p = self.__config_prefix__
+        need(self.format in (None, *FORMATS), f"{p}.format={self.format!r} must be one of {', '.join(FORMATS)} "
+             "(null = tags)", problems)
+        for key in ("max_assistant_turns", "max_tool_response_length"):
+            value = getattr(self, key)
+            need(value is None or value >= 1, f"{p}.{key}={value} must be >= 1 (or null: no limit)", problems)
+        need(self.tool_response_truncate_side in TRUNCATE_SIDES, f"{p}.tool_response_truncate_side="
+             f"{self.tool_response_truncate_side!r} must be one of {', '.join(TRUNCATE_SIDES)}", problems)
 
 
 @config_section(ROLLOUT)

@@ -68,7 +68,7 @@ from verl.workers.rollout.base import (
     _unpadded_prompts,
     layout_rollout_batch,
 )
-from verl.workers.rollout.tool_formats import TAG_RESULT, ToolCall, build_call_format
+from verl.workers.rollout.tool_formats import TAG_RESULT, ToolCall, build_call_format, truncate_result
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
@@ -151,7 +151,8 @@ class AgentLoop:
     """
 
     def __init__(self, engine: RolloutEngine, tokenizer, tools: ToolManager | None, config: BranchingConfig,
-                 seed: int | None = 0, call_format: str | None = None):
+                 seed: int | None = 0, call_format: str | None = None, max_assistant_turns: int | None = None,
+                 max_tool_response_length: int | None = None, tool_response_truncate_side: str = "middle"):
         self.engine, self.tokenizer, self.tools, self.config = engine, tokenizer, tools, config
         self.rng = random.Random(seed)
         self.vocab_size = len(tokenizer)
@@ -159,6 +160,9 @@ class AgentLoop:
         names = [stop[2:-1] for stop in tools.stop_strings] if tools is not None else []  # "</python>" -> python
         self.format = build_call_format(call_format, names, tokenizer)
         self.stop_strings = list(self.format.stop_strings) if tools is not None else []
+        # verl's multi_turn limits: segments per trajectory, and characters of a tool result (cut at which side).
+        self.max_assistant_turns = max_assistant_turns
+        self.max_result_chars, self.truncate_side = max_tool_response_length, tool_response_truncate_side
         self.call_limit = tools.call_limit if tools is not None else 0
         self.last_branch_draws: list[tuple[int, float, bool]] = []  # (prompt, dH, fired) of the last call, for tests
         self.measure_entropy = True  # segment entropies (log-probs asked of the engine) only when a call may branch
@@ -262,6 +266,8 @@ class AgentLoop:
                 traj.finish_reason = out.finish_reason
             elif len(traj.response) >= response_length:
                 traj.finish_reason = "length"  # no room left for a result
+            elif self.max_assistant_turns is not None and traj.calls + 1 >= self.max_assistant_turns:
+                traj.finish_reason = "length"  # its last assistant turn: the call is not run
             else:
                 # Only this segment is searched: a call in the prompt or an earlier turn is not one.
                 calls.append((traj, self.format.parse(self.tokenizer.decode(out.token_ids, skip_special_tokens=True),
@@ -291,7 +297,7 @@ class AgentLoop:
                 runnable.append(k)
         results = self.tools.run([(calls[k][1].tool, calls[k][1].content) for k in runnable]) if runnable else []
         for k, result in zip(runnable, results):
-            texts[k] = result.text
+            texts[k] = truncate_result(result.text, self.max_result_chars, self.truncate_side)
         for k, (traj, _) in enumerate(calls):
             ids = self.tokenizer.encode(self.format.result_text(texts[k]), add_special_tokens=False)
             room = response_length - len(traj.response)
@@ -346,9 +352,12 @@ def build_agent_loop(engine: RolloutEngine, tokenizer, rollout_config: Any, rank
         logger.warning("rollout.mode=sync_with_tool but no tool is loaded (rollout.tools.tool_instances is empty or "
                        "every tool failed to load): responses are generated without tool calls")
     seed = rollout_config.get("seed")
+    multi_turn = rollout_config.get("multi_turn") or {}
     return AgentLoop(engine, tokenizer, tools, BranchingConfig.from_rollout_config(rollout_config),
-                     seed=None if seed is None else seed + 1_000_003 * rank,
-                     call_format=(rollout_config.get("multi_turn") or {}).get("format"))
+                     seed=None if seed is None else seed + 1_000_003 * rank, call_format=multi_turn.get("format"),
+                     max_assistant_turns=multi_turn.get("max_assistant_turns"),
+                     max_tool_response_length=multi_turn.get("max_tool_response_length"),
+                     tool_response_truncate_side=multi_turn.get("tool_response_truncate_side") or "middle")
 
 
 def assemble_batch(prompts: DataProto, groups: list[list[Trajectory]], n: int, response_length: int,

@@ -140,6 +140,23 @@ def _tool_turn(tokenizer):
     return lambda text: f"{closing}{head}{text}{tail}"
 
 
+TRUNCATE_SIDES = ("left", "right", "middle")
+TRUNCATED = "...(truncated)..."
+
+
+def truncate_result(text: str, max_chars: int | None, side: str = "middle") -> str:
+    """A tool's result text cut to `max_chars` characters (verl's `multi_turn.max_tool_response_length`; None = no
+    limit): `left` keeps the start, `right` the end, `middle` both ends around a marker."""
+    if max_chars is None or len(text) <= max_chars:
+        return text
+    if side == "left":
+        return text[:max_chars] + TRUNCATED
+    if side == "right":
+        return TRUNCATED + text[-max_chars:]
+    head = max_chars // 2
+    return text[:head] + TRUNCATED + text[len(text) - (max_chars - head):]
+
+
 def build_call_format(name: str | None, tool_names: list[str], tokenizer=None) -> TagFormat | HermesFormat:
     """The format `rollout.multi_turn.format` names (null = tags)."""
     if name in (None, "tags"):
