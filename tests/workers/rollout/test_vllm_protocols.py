@@ -113,6 +113,9 @@ def _rank_main(rank: int, port: int, fail: bool, results):
         results[rank] = ("ok", mine, engine.seen)
     except Exception as err:  # reported to the test
         results[rank] = ("error", f"{type(err).__name__}: {err}", engine.seen)
+    # Neither rank tears gloo down while the other may still be in a collective: under load, a peer that closed its
+    # connections first made the other abort (SIGABRT) in a fresh-clone run.
+    dist.barrier()
     dist.destroy_process_group()
 
 
