@@ -127,15 +127,22 @@ def _verl_default_type(default: str) -> type | tuple[type, ...] | None:
     return str
 
 
-def check_verl_only_values(cfg: DictConfig) -> list[str]:
-    """The verl-only keys `cfg` sets (they are absent unless an override added them); a value whose type is not that
-    of verl's default is a ConfigError naming the key."""
-    present, problems = [], []
-    for key, default in verl_only_keys().items():
+def verl_only_values(cfg: DictConfig) -> dict[str, Any]:
+    """The verl-only keys `cfg` sets, with their values (they are absent unless an override or a config file added
+    them)."""
+    found = {}
+    for key in verl_only_keys():
         value = OmegaConf.select(cfg, key, default=_MISSING, throw_on_resolution_failure=False)
-        if value is _MISSING:
-            continue
-        present.append(key)
+        if value is not _MISSING:
+            found[key] = value
+    return found
+
+
+def check_verl_only_values(cfg: DictConfig) -> None:
+    """A verl-only key whose value is not of the type of verl's default is a ConfigError naming the key."""
+    problems = []
+    for key, value in verl_only_values(cfg).items():
+        default = verl_only_keys()[key]
         kind = _verl_default_type(default)
         wrong = kind is not None and value is not None and (
             not isinstance(value, kind) or (kind is int and isinstance(value, bool)))
@@ -143,7 +150,6 @@ def check_verl_only_values(cfg: DictConfig) -> list[str]:
             problems.append(f"{key}={value!r} has the wrong type: verl 0.9's default is {default}")
     if problems:
         raise ConfigError("\n".join(problems))
-    return present
 
 
 def check_override_keys(base: DictConfig, overrides: Iterable[str]) -> None:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.algorithms.registry import get_adv_estimator_fn
 from verl.trainer.config.schema import PPOTrainerConfig
-from verl.utils.config import ConfigError, check_verl_only_values, need, resolve_device, verl_key_reason, verl_only_keys
+from verl.utils.config import ConfigError, need, resolve_device, verl_key_reason, verl_only_keys, verl_only_values
 from verl.utils.typed_config import build_section, check_config_types, check_with
 from verl.workers.reward_manager.naive import OverlongBuffer
 from verl.workers.rollout.base import ENGINES_NOT_BUILT, resolve_rollout_name, uses_agent_loop
@@ -256,7 +256,7 @@ def inert_keys_set(cfg: DictConfig, engine: str) -> list[str]:
     keys = _changed(cfg, INERT_KEYS)
     if engine != "vllm":
         keys += _changed(cfg, [f"actor_rollout_ref.rollout.{key}" for key in VLLM_ONLY_KEYS])
-    return keys + check_verl_only_values(cfg)
+    return keys + list(verl_only_values(cfg))  # their types were checked when the config was composed
 
 
 def announce_inert_keys(cfg: DictConfig, engine: str) -> list[str]:
