@@ -26,17 +26,27 @@ _LORA_PART = re.compile(r"^(?P<module>.+)\.(?P<part>base_layer\.weight|base_laye
 ADAPTER_CONFIG = "adapter_config.json"
 
 
+def read_adapter_config(path: str) -> dict | None:
+    """The adapter_config.json of the saved peft adapter in folder `path`, or None when there is none."""
+    import json
+    import os
+
+    config_file = os.path.join(os.path.expanduser(path), ADAPTER_CONFIG)
+    if not os.path.isfile(config_file):
+        return None
+    with open(config_file) as f:
+        return json.load(f)
+
+
 def lora_settings(model_cfg) -> tuple[int, float, object] | None:
     """(rank, alpha, target modules) of the actor's LoRA, or None for full fine-tuning: `lora_rank` > 0, or a saved
     adapter at `lora_adapter_path` (verl's key), whose own r, lora_alpha and target_modules then hold. The one place
     that decides whether a run trains LoRA adapters."""
-    import json
-    import os
-
     path = model_cfg.get("lora_adapter_path")
     if path:
-        with open(os.path.join(os.path.expanduser(path), ADAPTER_CONFIG)) as f:
-            saved = json.load(f)
+        saved = read_adapter_config(path)
+        if saved is None:
+            raise FileNotFoundError(f"actor_rollout_ref.model.lora_adapter_path={path}: no {ADAPTER_CONFIG} there")
         return int(saved["r"]), float(saved["lora_alpha"]), saved["target_modules"]
     if model_cfg.lora_rank > 0:
         return model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules

@@ -70,18 +70,14 @@ class ModelConfig(Section):
 
 
     def _check_adapter(self, problems: list[str]) -> None:
-        import json
+        from verl.utils.lora import ADAPTER_CONFIG, read_adapter_config
 
-        from verl.utils.lora import ADAPTER_CONFIG
-
-        p, path = self.__config_prefix__, os.path.expanduser(self.lora_adapter_path)
-        config_file = os.path.join(path, ADAPTER_CONFIG)
-        if not os.path.isfile(config_file):
+        p, saved = self.__config_prefix__, read_adapter_config(self.lora_adapter_path)
+        if saved is None:
             problems.append(f"{p}.lora_adapter_path={self.lora_adapter_path}: no {ADAPTER_CONFIG} there (a folder "
-                            "saved by peft's save_pretrained, e.g. the lora_adapter folder of a Quiver checkpoint)")
+                            "saved by peft's save_pretrained, e.g. by python -m verl.model_merger merge ... --save_lora_adapter)")
             return
-        with open(config_file) as f:
-            rank = json.load(f).get("r")
+        rank = saved.get("r")
         need(self.lora_rank in (0, rank), f"{p}.lora_rank={self.lora_rank} but the adapter at "
              f"{self.lora_adapter_path} has r={rank}: set lora_rank={rank} (or 0)", problems)
 
