@@ -23,8 +23,9 @@ of the plan's compute dtype (float32 on CPU; `fsdp_config.dtype` on CUDA, bf16 =
                                     (LOGITS_COPIES: logits, logits / T, log-softmax, the gradient; with the entropy
                                     softmax and its products), c' = c for the compute-dtype logits on CUDA
     rollout engine   the plan's engine. hf: 4 P (its own float32 copy, freed or moved to host between rollouts with
-                     free_cache_engine, except on CUDA with the static decode loop, whose graphs keep it) + KV cache 2 L kv (prompt + response) 4 per sequence it decodes (the rank's
-                     prompts x n, the node's with share_cpu_engine); vllm on CUDA: gpu_memory_utilization of the GPU;
+                     free_cache_engine, except on CUDA with the static decode loop, whose graphs keep it) + KV cache
+                     2 L kv (prompt + response) 4 per sequence it decodes (the rank's prompts x n, the node's with
+                     share_cpu_engine); vllm on CUDA: gpu_memory_utilization of the GPU;
                      vllm on CPU: 4 P + its KV cache (no sleep mode there); other engines (openai: a remote server;
                      the user's own): nothing counted
     process          PROCESS_BYTES per worker process (CUDA context, or on CPU the interpreter with torch)

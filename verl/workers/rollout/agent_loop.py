@@ -75,10 +75,9 @@ if TYPE_CHECKING:
     from verl.workers.tools.manager import ToolManager
 
 logger = logging.getLogger(__name__)
-
-
 # The seeds' result block (the tags format of tool_formats.py).
 RESULT_TEMPLATE = TAG_RESULT
+
 
 @dataclass
 class Trajectory:
