@@ -205,4 +205,9 @@ def test_a_worker_out_of_memory_reaches_the_driver_naming_the_phase(ray_session)
 
 
 if __name__ == "__main__":
-    print(json.dumps(_probe(json.loads(sys.argv[1]))))
+    print(json.dumps(_probe(json.loads(sys.argv[1]))), flush=True)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # tear gloo down together: a rank exiting under it aborted under load (SIGABRT)
+        dist.barrier()
+        dist.destroy_process_group()

@@ -350,6 +350,7 @@ def _token_mean_rank(rank: int, world: int, port: int, expected: dict[str, torch
         for name, p in sharded.named_parameters():
             torch.testing.assert_close(p.full_tensor(), expected[name], atol=1e-5, rtol=1e-4, msg=name)
     finally:
+        dist.barrier()  # neither rank tears gloo down while the other may still use it (aborted under load)
         dist.destroy_process_group()
 
 
