@@ -1,0 +1,5 @@
+"""verl's `verl.tools.function_tool`: `@function_tool` makes a function a tool (verl/workers/tools/openai_tools.py)."""
+
+from verl.workers.tools.openai_tools import FUNCTION_TOOL_REGISTRY, FunctionTool, function_tool
+
+__all__ = ["FUNCTION_TOOL_REGISTRY", "FunctionTool", "function_tool"]
