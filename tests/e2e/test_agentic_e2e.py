@@ -97,6 +97,26 @@ def test_arpo_trains_three_steps_with_tools_and_branches(ray_session, tool_task,
     assert check_masks(trainer, batch) > 0
 
 
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_async_tool_agent_trains_with_the_seed_python_tool(ray_session, tool_task, tmp_path, engine):
+    """rollout.mode=async (verl's agent loops) with tool_agent as the default loop: every sample is its own loop,
+    the seeds' <python> calls run in the sandbox through the verl-style tool adapter, results stay out of the loss;
+    on the HF engine and on vLLM."""
+    model_dir, data_dir = tool_task
+    trainer, history, before, after, batch = fit_trainer(
+        agentic_overrides(model_dir, data_dir, tmp_path, f"{ROLLOUT}.mode=async", f"{ROLLOUT}.beam_size=1",
+                          f"{ROLLOUT}.agent.default_agent_loop=tool_agent", f"{ROLLOUT}.name={engine}",
+                          "trainer.total_training_steps=2"), model_dir, probe_step=True)
+    assert [m["training/global_step"] for m in history] == [1, 2]
+    for m in history:
+        assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"])
+        assert m["tools/calls_per_trajectory"] > 0 and 0 < m["tools/result_token_fraction"] < 1
+        assert m["agent/rows/tool_agent"] > 0 and m["agent/engine_batches"] >= 2  # turns after tool results
+    assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
+    assert set(pd.Series(batch.non_tensor_batch["uid"]).value_counts()) == {4}
+    assert check_masks(trainer, batch) > 0
+
+
 def test_arpo_runs_on_vllm_with_tools_and_branches(ray_session, tool_task, tmp_path):
     """The same agent loop with vLLM as the engine: tool rounds, branches, exact groups, masks; the engine's
     log-probs of the model's own tokens are the actor's."""

@@ -308,20 +308,35 @@ def test_a_typo_of_a_verl_only_key_is_still_unknown():
         load_config(overrides=["global_profiler.tol=nsys"])
 
 
-@pytest.mark.parametrize(("tools", "runs_as"), [(False, "sync (verl's single_turn_agent)"),
-                                               (True, "the tool loop of sync_with_tool")])
-def test_verl_async_mode_is_accepted_and_says_how_it_runs(tools, runs_as, capsys):
-    """rollout.mode=async, verl 0.9's default, passes the check and runs as sync (plain generation, as verl's
-    single_turn_agent) or, with multi_turn.enable, as the tool loop; one line says so."""
-    from verl.trainer.ppo.config_rules import announce_inert_keys
-    from verl.workers.rollout.base import uses_agent_loop
+def test_verl_async_mode_runs_verls_agent_loops_and_plans_the_old_log_probs():
+    """rollout.mode=async, verl 0.9's default: the per-sample agent loops (not the round-based tool loop, even with
+    multi_turn.enable); with plain single-turn loops the HF engine's log-probs on the CPU stay exact, with tools
+    the actor recomputes them."""
+    from verl.trainer.ppo.run_plan import plan_run
+    from verl.workers.rollout.base import uses_agent_loop, uses_async_agent
 
-    cfg = load_config(overrides=["actor_rollout_ref.rollout.mode=async",
-                                 f"actor_rollout_ref.rollout.multi_turn.enable={str(tools).lower()}"])
+    base = ["actor_rollout_ref.rollout.mode=async", "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.actor.ppo_epochs=2"]
+    cfg = load_config(overrides=[*base, "actor_rollout_ref.rollout.multi_turn.enable=true"])
     validate_ppo_config(cfg)
-    assert uses_agent_loop(cfg.actor_rollout_ref.rollout) is tools
-    announce_inert_keys(cfg, "hf")
-    assert f"[config] actor_rollout_ref.rollout.mode=async runs as {runs_as}:" in capsys.readouterr().out
+    rollout = cfg.actor_rollout_ref.rollout
+    assert uses_async_agent(rollout) and not uses_agent_loop(rollout)
+    plan = plan_run(cfg, "cpu", actor_parameters=1000)
+    assert plan.async_agent and not plan.agent_loop and plan.old_log_prob_source == "rollout"
+    cfg = load_config(overrides=[*base, "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"])
+    assert plan_run(cfg, "cpu", actor_parameters=1000).old_log_prob_source == "recompute"
+
+
+def test_async_mode_names_what_it_cannot_do_and_what_is_missing(tmp_path):
+    with pytest.raises(ConfigError, match="ARPO's branching and AEPO's dynamic rollout run in .*mode=sync_with_tool"):
+        validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.mode=async",
+                                                   "actor_rollout_ref.rollout.beam_size=2"]))
+    missing = tmp_path / "tools.yaml"
+    with pytest.raises(ConfigError, match=r"multi_turn.tool_config_path='.*tools.yaml': no such file"):
+        validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.mode=async",
+                                                   f"actor_rollout_ref.rollout.multi_turn.tool_config_path={missing}"]))
+    with pytest.raises(ConfigError, match="max_parallel_calls=0 must be >= 1"):
+        validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.multi_turn.max_parallel_calls=0"]))
 
 
 def test_an_engine_name_quiver_lacks_runs_on_autos_choice_and_says_so(capsys):

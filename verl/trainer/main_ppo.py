@@ -24,6 +24,7 @@ from verl.utils.import_utils import ExternalLibError, import_external_libs
 from verl.utils.memory_estimate import MemoryEstimate, check_ppo_memory, ppo_model_shapes
 from verl.utils.preflight import check_ppo_inputs, load_tokenizer
 from verl.utils.run_dir import check_fresh_start, clear_run_outputs, own_run_dir
+from verl.workers.rollout.async_agent import check_agent_setup
 from verl.workers.tools.manager import check_tools
 
 
@@ -150,6 +151,7 @@ def run_ppo(config: DictConfig):
     validate_ppo_config(config)
     check_ppo_inputs(config)  # model directories, output directories (verl/utils/preflight.py)
     check_tools(config.actor_rollout_ref.rollout)  # every tool's class imports and takes its params
+    check_agent_setup(config.actor_rollout_ref.rollout)  # mode=async: its tools load, its loops are registered
     plan, estimate = plan_ppo_run(config, device)
     # Before Ray starts or anything is written: a second run on the directory, or a start from scratch over an
     # earlier run's output, stops here (verl/utils/run_dir.py).

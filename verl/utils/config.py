@@ -79,9 +79,10 @@ VERL_KEY_REASONS: tuple[tuple[str, str], ...] = (
     ("quantization", "the rollout engine runs the actor's weights unquantized"),
     ("nccl_timeout", "Quiver keeps torch.distributed's default timeout"),
     ("torch_dtype", "models are loaded in float32 and compute in fsdp_config.dtype on CUDA"),
-    ("multi_turn.", "Quiver's tool loop (rollout.mode=sync_with_tool, rollout.tools.*) reads the seeds' tag-style "
-                    "tools; verl's multi-turn tool settings are not read yet"),
-    (".agent.", "Quiver's agent loop is rollout.mode=sync_with_tool with rollout.tools.*"),
+    ("num_repeat_rollouts", "the driver repeats each prompt rollout.n times"),
+    ("tokenization_sanity_check", "tool turns are tokenized once, as the chat template renders them"),
+    ("use_inference_chat_template", "the chat template of the tokenizer renders every turn"),
+    ("custom_async_server", "the agent loop's server is Quiver's batching front of the rollout engine"),
     ("interaction", "multi-turn interactions (a simulated user turn) are not built"),
 )
 

@@ -33,6 +33,7 @@ from verl.utils.run_plan import RunPlan
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 from verl.workers.rollout.agent_loop import build_agent_loop
+from verl.workers.rollout.async_agent import build_agent_loop_manager
 from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
 from verl.workers.rollout.shared import NodeSharedEngine
 
@@ -273,9 +274,12 @@ class ActorRolloutRefWorker(Worker):
                     trust_remote_code=model_cfg.trust_remote_code,
                     hf_overrides=OmegaConf.to_container(model_cfg.override_config, resolve=True))
             self.rollout = NodeSharedEngine(engine, torch.get_num_threads() * self.world_size) if shared else engine
-            self.agent_loop = None  # on a shared engine, only rank 0 runs the loop (and its tools)
+            self.agent_loop = None  # on a shared engine, only rank 0 runs the loops (and their tools)
             if plan.agent_loop and engine is not None:
                 self.agent_loop = build_agent_loop(self.rollout, self.tokenizer, self.config.rollout, self.rank)
+            self.agent_loops = None
+            if plan.async_agent and engine is not None:
+                self.agent_loops = build_agent_loop_manager(self.rollout, self.tokenizer, self.config)
             if self._is_actor:
                 self._sync_rollout_weights()
 
@@ -338,6 +342,9 @@ class ActorRolloutRefWorker(Worker):
             output = self.agent_loop.generate_sequences(
                 prompts, n=prompts.meta_info.get("n", 1), params=params, response_length=length,
                 pad_token_id=self.tokenizer.pad_token_id, branching=not prompts.meta_info.get("validate", False))
+        elif self.agent_loops is not None:
+            output = self.agent_loops.generate_sequences(prompts, params, response_length=length,
+                                                         pad_token_id=self.tokenizer.pad_token_id)
         else:
             output = generate_sequences(self.rollout, prompts, params, response_length=length,
                                         pad_token_id=self.tokenizer.pad_token_id,

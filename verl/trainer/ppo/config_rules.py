@@ -16,7 +16,7 @@ from verl.trainer.config.schema import PPOTrainerConfig
 from verl.utils.config import ConfigError, need, resolve_device, verl_key_reason, verl_only_keys, verl_only_values
 from verl.utils.typed_config import build_section, check_config_types, check_with
 from verl.workers.reward_manager.naive import OverlongBuffer
-from verl.workers.rollout.base import ENGINES_NOT_BUILT, resolve_rollout_name, uses_agent_loop
+from verl.workers.rollout.base import ENGINES_NOT_BUILT, resolve_rollout_name
 
 
 def resolve_policy_loss(actor: DictConfig, problems: list[str]) -> None:
@@ -167,6 +167,19 @@ def check_engine(cfg: DictConfig, problems: list[str]) -> None:
                                         "actor_rollout_ref.rollout"))
 
 
+def check_agent_mode(rollout: DictConfig, problems: list[str]) -> None:
+    """ARPO/AEPO branching needs a prompt's trajectories together: the round-based tool loop of sync_with_tool,
+    not verl's per-sample loops of mode=async."""
+    if rollout.mode != "async":
+        return
+    p = "actor_rollout_ref.rollout"
+    need(rollout.beam_size == 1 and not rollout.enable_dynamic_rollouts,
+         f"{p}.beam_size={rollout.beam_size} / enable_dynamic_rollouts={rollout.enable_dynamic_rollouts}: ARPO's "
+         f"branching and AEPO's dynamic rollout run in {p}.mode=sync_with_tool (a prompt's trajectories branch from "
+         f"one another); {p}.mode=async runs every sample as its own loop. Set mode=sync_with_tool, or beam_size=1",
+         problems)
+
+
 def validate_ppo_config(cfg: DictConfig) -> PPOTrainerConfig:
     """Check everything that makes a PPO/GRPO run possible; raise one ConfigError listing every broken rule.
 
@@ -183,6 +196,7 @@ def validate_ppo_config(cfg: DictConfig) -> PPOTrainerConfig:
         check_critic(config, problems)
         check_estimator_inputs(config, problems)
         check_engine(cfg, problems)
+        check_agent_mode(cfg.actor_rollout_ref.rollout, problems)
     if problems:
         raise ConfigError("the config has problems:\n  - " + "\n  - ".join(problems))
     return config
@@ -277,8 +291,4 @@ def announce_inert_keys(cfg: DictConfig, engine: str) -> list[str]:
     if rollout.name in ENGINES_NOT_BUILT and rollout.name != engine:
         print(f"[config] actor_rollout_ref.rollout.name={rollout.name}: Quiver has no {ENGINES_NOT_BUILT[rollout.name]} "
               f"engine; this run uses {engine}, what rollout.name=auto picks here")
-    if rollout.mode == "async":
-        runs = "the tool loop of sync_with_tool" if uses_agent_loop(rollout) else "sync (verl's single_turn_agent)"
-        print(f"[config] actor_rollout_ref.rollout.mode=async runs as {runs}: each batch goes to the engine in one "
-              "call; verl's asynchronous per-sample agent loop is not built in Quiver")
     return keys

@@ -224,6 +224,16 @@ class RayPPOTrainer:
         return batch.union(scored)
 
     # ------------------------------------------------------------------------------------------- phases
+    def _gen_batch(self, batch: DataProto) -> DataProto:
+        """What generation reads, taken out of `batch`: the prompt tensors and ids; with verl's agent loops
+        (mode=async) also a copy of every other column, which the loops take as keyword arguments (agent_name,
+        tools_kwargs, raw_prompt, extra_info, ...)."""
+        gen_batch = batch.pop(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
+        if self.plan.async_agent:
+            for key, values in batch.non_tensor_batch.items():
+                gen_batch.non_tensor_batch.setdefault(key, values)
+        return gen_batch
+
     def _generate(self, gen_batch: DataProto, n: int) -> DataProto:
         """n responses per prompt from the worker group (adjacent), padding to a multiple of the number of ranks.
 
@@ -265,7 +275,7 @@ class RayPPOTrainer:
         scores, sources, samples = [], [], []
         for batch_dict in self.val_dataloader:
             batch = DataProto.from_single_dict(batch_dict)
-            gen_batch = batch.pop(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
+            gen_batch = self._gen_batch(batch)
             gen_batch.meta_info["validate"] = True
             output = self._generate(gen_batch, val_n)
             output.meta_info.pop("metrics", None)
@@ -293,7 +303,7 @@ class RayPPOTrainer:
         n = self.config.actor_rollout_ref.rollout.n
         batch = DataProto.from_single_dict(batch_dict)
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        gen_batch = batch.pop(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
+        gen_batch = self._gen_batch(batch)
         gen_batch.meta_info["global_steps"] = self.global_steps
 
         with _timer("gen", timing):
@@ -324,7 +334,7 @@ class RayPPOTrainer:
     def _greedy_baselines(self, prompts: DataProto, gen_batch: DataProto) -> torch.Tensor:
         """ReMax (algorithm.adv_estimator=remax): the score of one greedy response per prompt, `(n_prompts,)`, the
         baseline its sampled responses are compared with."""
-        greedy_input = gen_batch.select(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
+        greedy_input = gen_batch.select(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=list(gen_batch.non_tensor_batch))
         greedy_input.meta_info = {**gen_batch.meta_info, "do_sample": False}
         greedy = self._generate(greedy_input, 1)
         greedy.meta_info.pop("metrics", None)

@@ -32,7 +32,12 @@ from verl.utils.config import ConfigError, option
 from verl.utils.fsdp_utils import COMPUTE_DTYPES
 from verl.utils.lora import lora_settings
 from verl.utils.run_plan import MicroBatches, RunPlan, UpdateBatches
-from verl.workers.rollout.base import resolve_rollout_name, uses_agent_loop
+from verl.workers.rollout.base import (
+    async_agent_beyond_single_turn,
+    resolve_rollout_name,
+    uses_agent_loop,
+    uses_async_agent,
+)
 from verl.workers.rollout.hf_rollout import uses_static_decode
 
 
@@ -99,6 +104,7 @@ def old_log_prob_source(config: DictConfig, engine: str, device: str) -> str:
     if on_policy and not config.algorithm.use_kl_in_reward and not estimator_reads:
         return "actor"
     exact_engine = (device == "cpu" and engine == "hf" and not uses_agent_loop(rollout)
+                    and not async_agent_beyond_single_turn(rollout)
                     and lora_settings(config.actor_rollout_ref.model) is None)
     return "rollout" if exact_engine else "recompute"
 
@@ -208,6 +214,7 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
         rows_per_rank=data.train_batch_size * n // ranks,
         rollout_engine=engine,
         agent_loop=uses_agent_loop(rollout),
+        async_agent=uses_async_agent(rollout),
         share_cpu_engine=share_cpu_engine(rollout.share_cpu_engine, engine, device, trainer.nnodes, ranks,
                                           actor_parameters),
         hf_static_decode=engine == "hf" and uses_static_decode(rollout.static_decode, device),

@@ -7,6 +7,7 @@ defaults are the YAML's (`verl/utils/typed_config.py`); each class checks its ow
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from verl.utils.config import need
@@ -15,8 +16,7 @@ from verl.utils.typed_config import Section, config_section
 ROLLOUT = "actor_rollout_ref.rollout"
 ENTROPY_MODES = ("topk", "exact")
 BRANCH_RULES = ("arpo", "aepo")
-# async: verl 0.9's mode (its only one). Its single_turn_agent is plain generation, so Quiver runs it as sync, and with
-# multi_turn.enable as sync_with_tool (announced at start-up: the asynchronous per-sample loop is not built).
+# async: verl 0.9's mode (its only one): the per-sample agent loops of verl/workers/rollout/async_agent.py.
 ROLLOUT_MODES = ("sync", "sync_with_tool", "async")
 
 
@@ -92,6 +92,10 @@ class MultiTurnConfig(Section):
     max_assistant_turns: int | None
     max_tool_response_length: int | None
     tool_response_truncate_side: str
+    max_user_turns: int | None
+    max_parallel_calls: int
+    tool_config_path: str | None  # mode=async: verl's tool YAML
+    function_tool_path: str | None  # mode=async: a Python file of @function_tool functions
 
     def check(self, problems: list[str]) -> None:
         from verl.workers.rollout.tool_formats import FORMATS, TRUNCATE_SIDES
@@ -99,12 +103,33 @@ class MultiTurnConfig(Section):
         super().check(problems)
         p = self.__config_prefix__
         need(self.format in (None, *FORMATS), f"{p}.format={self.format!r} must be one of {', '.join(FORMATS)} "
-             "(null = tags)", problems)
-        for key in ("max_assistant_turns", "max_tool_response_length"):
+             "(null = tags, or hermes for mode=async with verl-style tools)", problems)
+        for key in ("max_assistant_turns", "max_tool_response_length", "max_user_turns"):
             value = getattr(self, key)
             need(value is None or value >= 1, f"{p}.{key}={value} must be >= 1 (or null: no limit)", problems)
+        need(self.max_parallel_calls >= 1, f"{p}.max_parallel_calls={self.max_parallel_calls} must be >= 1", problems)
         need(self.tool_response_truncate_side in TRUNCATE_SIDES, f"{p}.tool_response_truncate_side="
              f"{self.tool_response_truncate_side!r} must be one of {', '.join(TRUNCATE_SIDES)}", problems)
+        for key in ("tool_config_path", "function_tool_path"):
+            path = getattr(self, key)
+            need(path is None or os.path.isfile(os.path.expanduser(path)),
+                 f"{p}.{key}={path!r}: no such file", problems)
+
+
+@config_section(f"{ROLLOUT}.agent")
+class AgentConfig(Section):
+    """`rollout.agent`: verl's agent loop settings (mode=async)."""
+
+    num_workers: int
+    default_agent_loop: str
+    agent_loop_config_path: str | None
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        need(self.num_workers >= 1, f"{p}.num_workers={self.num_workers} must be >= 1", problems)
+        path = self.agent_loop_config_path
+        need(path is None or os.path.isfile(os.path.expanduser(path)),
+             f"{p}.agent_loop_config_path={path!r}: no such file", problems)
 
 
 @config_section(ROLLOUT)
@@ -139,6 +164,7 @@ class RolloutConfig(BranchingConfig):
     seed: int
     engine_kwargs: dict[str, Any]
     multi_turn: MultiTurnConfig
+    agent: AgentConfig
     tools: ToolsConfig
 
     def check(self, problems: list[str]) -> None:

@@ -186,8 +186,28 @@ def known_rollout_names() -> list[str]:
 
 
 def uses_agent_loop(rollout: Any) -> bool:
-    """Whether generation runs the multi-turn tool loop: rollout.mode=sync_with_tool or multi_turn.enable."""
+    """Whether generation runs the round-based tool loop of agent_loop.py (ARPO/AEPO): rollout.mode=sync_with_tool,
+    or multi_turn.enable outside mode=async."""
+    if rollout.mode == "async":
+        return False
     return rollout.mode == "sync_with_tool" or bool((rollout.get("multi_turn") or {}).get("enable"))
+
+
+def uses_async_agent(rollout: Any) -> bool:
+    """Whether generation runs verl's per-sample agent loops (async_agent.py): rollout.mode=async."""
+    return rollout.mode == "async"
+
+
+def async_agent_beyond_single_turn(rollout: Any) -> bool:
+    """mode=async where a loop may do more than sample once: tools configured (verl's tool YAML, function tools,
+    rollout.tools), a default loop other than single_turn_agent, or loops listed in agent.agent_loop_config_path.
+    Its rows may then hold tokens whose log-probs the engine did not compute in one pass with the row."""
+    if not uses_async_agent(rollout):
+        return False
+    multi_turn, tools, agent = (rollout.get(key) or {} for key in ("multi_turn", "tools", "agent"))
+    return bool(multi_turn.get("tool_config_path") or multi_turn.get("function_tool_path")
+                or tools.get("tool_instances") or tools.get("config_path") or agent.get("agent_loop_config_path")
+                or (agent.get("default_agent_loop") or "single_turn_agent") != "single_turn_agent")
 
 
 _SHIPPED = object()

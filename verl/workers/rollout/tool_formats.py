@@ -37,6 +37,7 @@ class ToolCall:
     tool: str
     content: str | None = None
     error: str | None = None
+    arguments: dict | None = None  # the call's arguments as the model wrote them (hermes), for verl-style tools
 
 
 class TagFormat:
@@ -63,6 +64,9 @@ class TagFormat:
     def result_text(self, text: str) -> str:
         return TAG_RESULT.format(text)
 
+    def results_text(self, texts: list[str], closed_by: str | None = None) -> str:
+        return "".join(TAG_RESULT.format(text) for text in texts)
+
 
 class HermesFormat:
     """`<tool_call>{"name": ..., "arguments": ...}</tool_call>` calls, results as chat-template tool turns."""
@@ -72,14 +76,32 @@ class HermesFormat:
 
     def __init__(self, tool_names: list[str], tokenizer=None):
         self.tool_names = list(tool_names)
-        self._wrap = _tool_turn(tokenizer)
+        self._write = _tool_turns(tokenizer)
 
     def parse(self, text: str, stop: str) -> ToolCall:
         body = text[: text.rfind(stop)]
         opening = body.rfind(HERMES_OPEN)
         if opening < 0:
             return ToolCall("", error=f"Error: {HERMES_CLOSE} without an opening {HERMES_OPEN}.")
-        raw = body[opening + len(HERMES_OPEN):].strip()
+        call = self.parse_block(body[opening + len(HERMES_OPEN):])
+        if call.error is None and call.content is None:  # a tag-style tool takes one string
+            call.error = (f"Error: the call of {call.tool} has no input; give it as "
+                          f'"arguments": {{"{INPUT_ARGUMENTS[0]}": ...}}.')
+        return call
+
+    def parse_all(self, text: str) -> list[ToolCall]:
+        """Every call of a finished assistant turn (verl's tool_agent: the turn ends at EOS, then all its
+        `<tool_call>` blocks run), in order; an unclosed last block is a call with an error text."""
+        calls = []
+        for opened in text.split(HERMES_OPEN)[1:]:
+            body, closed, _ = opened.partition(HERMES_CLOSE)
+            calls.append(self.parse_block(body) if closed else
+                         ToolCall("", error=f"Error: {HERMES_OPEN} without a closing {HERMES_CLOSE}."))
+        return calls
+
+    def parse_block(self, raw: str) -> ToolCall:
+        """One call from the text between `<tool_call>` and `</tool_call>`."""
+        raw = raw.strip()
         try:
             call = json.loads(raw)
         except json.JSONDecodeError as err:
@@ -92,22 +114,36 @@ class HermesFormat:
         if name not in self.tool_names:
             return ToolCall(name, error=f"Error: there is no tool named {name!r}; the tools are "
                                         f"{', '.join(self.tool_names) or 'none'}.")
-        content = _tool_input(call.get("arguments"))
-        if not content:
+        arguments = _arguments(call.get("arguments"))
+        content = _tool_input(arguments)
+        if not content and not arguments:
             return ToolCall(name, error=f"Error: the call of {name} has no input; give it as "
                                         f'"arguments": {{"{INPUT_ARGUMENTS[0]}": ...}}.')
-        return ToolCall(name, content)
+        return ToolCall(name, content, arguments=arguments if isinstance(arguments, dict) else None)
 
     def result_text(self, text: str) -> str:
-        return self._wrap(text)
+        return self._write([text])
+
+    def results_text(self, texts: list[str], closed_by: str | None = None) -> str:
+        """The results of a turn's calls, in order, as tool messages after the turn (`_tool_turns`)."""
+        return self._write(texts, closed_by)
+
+
+def _arguments(arguments):
+    """The call's arguments, decoded when the model wrote them as a JSON string."""
+    if isinstance(arguments, str):
+        try:  # some models write the arguments as a JSON string
+            decoded = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+        return decoded if isinstance(decoded, dict) else arguments
+    return arguments
 
 
 def _tool_input(arguments) -> str | None:
+    """The one string a tag-style tool takes from a call's (decoded) arguments."""
     if isinstance(arguments, str):
-        try:  # some models write the arguments as a JSON string
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments.strip() or None
+        return arguments.strip() or None
     if not isinstance(arguments, dict):
         return None
     strings = {k: v for k, v in arguments.items() if isinstance(v, str) and v.strip()}
@@ -119,25 +155,44 @@ def _tool_input(arguments) -> str | None:
     return None
 
 
-def _tool_turn(tokenizer):
-    """text -> what follows the model's `</tool_call>`: the rest of its turn, the tool turn and the next assistant
-    turn's opening as the chat template writes them (found by rendering a conversation with and without a tool
-    message), or the plain <tool_response> block where the template cannot render one."""
-    marker, answer = "\x00TOOL-RESULT\x00", "\x00ANSWER\x00"
-    try:
-        convo = [{"role": "user", "content": "u"}, {"role": "assistant", "content": answer}]
+def _tool_turns(tokenizer):
+    """(results, closed_by) -> what follows the model's last token: the rest of its turn, one tool message per result
+    and the next assistant turn's opening as the chat template writes them (found by rendering a conversation with
+    and without tool messages), or plain <tool_response> blocks where the template cannot render tool messages.
+    `closed_by`: the text of the token that ended the turn (the EOS, e.g. `<|im_end|>`), None when generation stopped
+    at `</tool_call>` inside the turn."""
+    answer = "\x00ANSWER\x00"
+    convo = [{"role": "user", "content": "u"}, {"role": "assistant", "content": answer}]
+
+    def marker(k: int) -> str:
+        return f"\x00TOOL-RESULT-{k}\x00"
+
+    def render(count: int) -> tuple[str, str]:
         before = tokenizer.apply_chat_template(convo, tokenize=False)
-        after = tokenizer.apply_chat_template([*convo, {"role": "tool", "content": marker}], tokenize=False,
-                                              add_generation_prompt=True)
+        after = tokenizer.apply_chat_template([*convo, *({"role": "tool", "content": marker(k)} for k in range(count))],
+                                              tokenize=False, add_generation_prompt=True)
         if not (isinstance(before, str) and isinstance(after, str) and after.startswith(before)):
             raise ValueError("the rendering with a tool message does not extend the one without")
         closing = before[before.index(answer) + len(answer):]  # what ends the assistant's turn after its content
-        head, found, tail = after[len(before):].partition(marker)
-        if not found or "\x00" in head + tail + closing:
-            raise ValueError("the tool message's content is not in its rendering")
-    except Exception:  # no template, or one without tool messages: the plain block
-        return HERMES_PLAIN_RESULT.format
-    return lambda text: f"{closing}{head}{text}{tail}"
+        turns = after[len(before):]
+        if any(marker(k) not in turns for k in range(count)) or "\x00" in closing:
+            raise ValueError("a tool message's content is not in its rendering")
+        return closing, turns
+
+    try:
+        render(1)
+    except Exception:  # no template, or one without tool messages: the plain blocks
+        return lambda texts, closed_by=None: "".join(HERMES_PLAIN_RESULT.format(text) for text in texts)
+
+    def write(texts: list[str], closed_by: str | None = None) -> str:
+        closing, turns = render(len(texts))
+        if closed_by and closing.startswith(closed_by):
+            closing = closing[len(closed_by):]
+        for k, text in enumerate(texts):
+            turns = turns.replace(marker(k), text)
+        return closing + turns
+
+    return write
 
 
 TRUNCATE_SIDES = ("left", "right", "middle")

@@ -1,0 +1,380 @@
+"""verl's agent loop (`rollout.mode=async`, verl/workers/rollout/async_agent.py and tool_agent.py) on a scripted
+engine: batching of concurrent loops, the batch layout, hermes and tag tool calls, registration and failures."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl.protocol import DataProto
+from verl.workers.rollout.async_agent import (
+    AgentLoopBase,
+    AgentLoopManager,
+    AgentLoopOutput,
+    register,
+)
+from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams
+from verl.workers.rollout.tool_formats import TAG_RESULT, build_call_format
+
+EOS = 0
+
+
+class CharTokenizer:
+    """One token per character (code point + 1); 0 is EOS."""
+
+    eos_token_id = EOS
+    pad_token_id = EOS
+
+    def __len__(self):
+        return 300
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) + 1 for c in text]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i - 1) for i in ids if i != EOS)
+
+
+TOK = CharTokenizer()
+
+
+class ScriptedEngine(RolloutEngine):
+    """`script(prompt, response) -> segment`: the text after the prompt's "|" is the response so far; a segment
+    ending in "$" ends with EOS, one ending in a stop string stops there. Records every engine call's size."""
+
+    def __init__(self, script):
+        self.script, self.calls, self.lock = script, [], threading.Lock()
+
+    def generate(self, prompt_token_ids, params):
+        params = params if isinstance(params, list) else [params] * len(prompt_token_ids)
+        with self.lock:
+            self.calls.append(len(prompt_token_ids))
+        outputs = []
+        for ids, p in zip(prompt_token_ids, params):
+            prompt, _, response = TOK.decode(ids).partition("|")
+            segment = self.script(prompt, response)
+            finish, stop = "stop", None
+            if segment.endswith("$"):
+                tokens = TOK.encode(segment[:-1]) + [EOS]
+            else:
+                tokens = TOK.encode(segment)
+                stop = next((s for s in p.stop or () if segment.endswith(s)), None)
+                finish = "stop" if stop else "length"
+            if len(tokens) > p.max_tokens:
+                tokens, finish, stop = tokens[: p.max_tokens], "length", None
+            outputs.append([CompletionOutput(tokens, [-0.5] * len(tokens), [0.25] * len(tokens), finish, stop)])
+        return outputs
+
+    def update_weights(self, named_tensors):
+        pass
+
+    def sleep(self):
+        pass
+
+    def wake_up(self):
+        pass
+
+
+class Response:
+    def __init__(self, text):
+        self.text = text
+
+
+class EchoTool:
+    """A verl-style tool (create / execute / calc_reward / release) that echoes its arguments after `delay` s."""
+
+    def __init__(self, name="echo", parameter="text", delay=lambda: 0.0):
+        self.name, self.parameter, self.delay = name, parameter, delay
+        self.created, self.released, self.executed = [], [], []
+
+    def get_openai_tool_schema(self):
+        return {"type": "function", "function": {"name": self.name, "description": "echo", "parameters": {
+            "type": "object", "properties": {self.parameter: {"type": "string"}}, "required": [self.parameter]}}}
+
+    async def create(self, instance_id=None, **kwargs):
+        instance = f"{self.name}-{len(self.created)}"
+        self.created.append((instance, kwargs.get("create_kwargs")))
+        return instance, Response("")
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        await asyncio.sleep(self.delay())
+        self.executed.append((instance_id, dict(parameters)))
+        return Response(f"got {parameters[self.parameter]}"), 0.5, {}
+
+    async def calc_reward(self, instance_id, **kwargs):
+        return 1.0
+
+    async def release(self, instance_id, **kwargs):
+        self.released.append(instance_id)
+
+
+def config(response_length=400, num_workers=2, **multi_turn):
+    return OmegaConf.create({"rollout": {
+        "response_length": response_length, "prompt_length": 8,
+        "agent": {"num_workers": num_workers, "default_agent_loop": "single_turn_agent",
+                  "agent_loop_config_path": None},
+        "multi_turn": {"max_assistant_turns": None, "max_user_turns": None, "max_parallel_calls": 1,
+                       "max_tool_response_length": None, "tool_response_truncate_side": "middle", **multi_turn},
+        "tools": {"timeout": 5}}})
+
+
+def prompts(texts, **columns):
+    ids = [TOK.encode(t + "|") for t in texts]
+    width = max(map(len, ids))
+    input_ids = torch.tensor([[EOS] * (width - len(r)) + r for r in ids])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])
+    non_tensors = {"raw_prompt_ids": ids, **columns}
+    return DataProto.from_dict(tensors={"input_ids": input_ids, "attention_mask": mask,
+                                        "position_ids": torch.clip(mask.cumsum(-1) - 1, min=0)},
+                               non_tensors=non_tensors)
+
+
+PARAMS = SamplingParams(temperature=1.0, max_tokens=400)
+
+
+def run(manager, batch, response_length=400):
+    return manager.generate_sequences(batch, PARAMS, response_length, pad_token_id=EOS)
+
+
+def response_texts(out):
+    return [TOK.decode(ids[m.bool()]) for ids, m in zip(out.batch["responses"], out.batch["attention_mask"]
+                                                         [:, -out.batch["responses"].shape[1]:])]
+
+
+def test_single_turn_loops_reach_the_engine_as_one_batch_in_row_order():
+    engine = ScriptedEngine(lambda prompt, response: f"answer {prompt}$")
+    manager = AgentLoopManager(engine, TOK, config(num_workers=3))
+    out = run(manager, prompts([f"q{i}" for i in range(7)]))
+    assert engine.calls == [7]
+    assert response_texts(out) == [f"answer q{i}" for i in range(7)]
+    assert out.batch["response_mask"].sum(-1).tolist() == [len(f"answer q{i}") + 1 for i in range(7)]  # + EOS
+    lp = out.batch["rollout_log_probs"]
+    assert torch.equal(lp != 0, out.batch["response_mask"].bool()) and torch.all(lp[lp != 0] == -0.5)
+    assert out.meta_info["metrics"]["agent/engine_batches"] == [1.0]
+    assert list(out.non_tensor_batch["finish_reason"]) == ["stop"] * 7
+
+
+def hermes_script(calls):
+    """The first turn writes `calls` (JSON strings) as hermes blocks, then EOS; after a result, the answer."""
+    def script(prompt, response):
+        if "<tool_response>" not in response:
+            return "".join(f"<tool_call>{c}</tool_call>" for c in calls) + "$"
+        return " done$"
+    return script
+
+
+def hermes_manager(script, tools, **multi_turn):
+    tools = {t.name: t for t in tools}
+    return AgentLoopManager(ScriptedEngine(script), TOK, config(**multi_turn), tools=tools,
+                            call_format=build_call_format("hermes", list(tools), TOK))
+
+
+def result_spans(out, row=0):
+    """The texts of the runs of response tokens out of the loss (tool results)."""
+    ids, mask = out.batch["responses"][row], out.batch["response_mask"][row]
+    attended = out.batch["attention_mask"][row, -ids.shape[0]:]
+    spans, current = [], []
+    for token, m, a in zip(ids.tolist(), mask.tolist(), attended.tolist()):
+        if a and not m:
+            current.append(token)
+        elif current:
+            spans.append(TOK.decode(current))
+            current = []
+    return spans + ([TOK.decode(current)] if current else [])
+
+
+def test_hermes_calls_run_and_their_results_are_out_of_the_loss():
+    echo = EchoTool()
+    manager = hermes_manager(hermes_script([json.dumps({"name": "echo", "arguments": {"text": "hi"}})]), [echo])
+    out = run(manager, prompts(["q"], agent_name=["tool_agent"],
+                               tools_kwargs=[{"echo": {"create_kwargs": {"ground_truth": "7"}}}]))
+    assert result_spans(out) == ["\n<tool_response>\ngot hi\n</tool_response>\n"]
+    assert response_texts(out)[0].endswith(" done")
+    assert echo.created == [("echo-0", {"ground_truth": "7"})] and echo.released == ["echo-0"]
+    assert out.non_tensor_batch["tool_calls"][0] == 1
+    assert out.non_tensor_batch["tool_rewards"][0] == pytest.approx(1.5)  # step reward 0.5 + calc_reward 1.0
+    assert out.non_tensor_batch["num_turns"][0] == 4  # user, assistant, tool, assistant
+
+
+def test_several_calls_in_one_turn_run_up_to_max_parallel_calls():
+    echo = EchoTool()
+    calls = [json.dumps({"name": "echo", "arguments": {"text": t}}) for t in ("a", "b", "c")]
+    out = run(hermes_manager(hermes_script(calls), [echo], max_parallel_calls=2), prompts(["q"],
+                                                                                          agent_name=["tool_agent"]))
+    assert result_spans(out) == ["\n<tool_response>\ngot a\n</tool_response>\n\n<tool_response>\ngot b\n"
+                                 "</tool_response>\n"]
+    assert [p["text"] for _, p in echo.executed] == ["a", "b"] and len(echo.created) == 1  # one instance per tool
+
+
+@pytest.mark.parametrize("call, error", [
+    ('{"name": "echo", "arguments": {"text": "x"', "not valid JSON"),
+    ('{"name": "nope", "arguments": {"text": "x"}}', "no tool named 'nope'"),
+    ('{"arguments": {"text": "x"}}', 'has no "name"'),
+])
+def test_a_bad_call_gives_the_model_an_error_message(call, error):
+    echo = EchoTool()
+    out = run(hermes_manager(hermes_script([call]), [echo]), prompts(["q"], agent_name=["tool_agent"]))
+    (span,) = result_spans(out)
+    assert error in span and not echo.executed
+    assert response_texts(out)[0].endswith(" done")
+
+
+def test_a_failing_or_slow_tool_is_a_result_text():
+    class Broken(EchoTool):
+        async def execute(self, instance_id, parameters, **kwargs):
+            raise OSError("disk on fire")
+
+    call = [json.dumps({"name": "echo", "arguments": {"text": "x"}})]
+    (span,) = result_spans(run(hermes_manager(hermes_script(call), [Broken()]), prompts(["q"],
+                                                                                        agent_name=["tool_agent"])))
+    assert "echo failed: OSError: disk on fire" in span
+    slow = EchoTool(delay=lambda: 10.0)
+    manager = hermes_manager(hermes_script(call), [slow])
+    manager.trainer_config.actor_rollout_ref.rollout.tools.timeout = 0.05
+    (span,) = result_spans(run(manager, prompts(["q"], agent_name=["tool_agent"])))
+    assert "timed out after 0.05 s" in span
+
+
+def test_turn_limits_stop_the_trajectory():
+    call = [json.dumps({"name": "echo", "arguments": {"text": "x"}})]
+    loop_forever = hermes_script(call)
+
+    def script(prompt, response):  # always calls again
+        return loop_forever(prompt, "")
+    out = run(hermes_manager(script, [EchoTool()], max_user_turns=2), prompts(["q"], agent_name=["tool_agent"]))
+    assert len(result_spans(out)) == 2 and out.non_tensor_batch["tool_calls"][0] == 2
+    out = run(hermes_manager(script, [EchoTool()], max_assistant_turns=3), prompts(["q"], agent_name=["tool_agent"]))
+    assert out.non_tensor_batch["num_turns"][0] == 1 + 3 + 2
+
+
+def test_tag_calls_of_the_seed_format():
+    echo = EchoTool(name="python", parameter="code")
+
+    def script(prompt, response):
+        if "<result>" not in response:
+            return "<python>print(1)</python>"
+        return " ok$"
+    manager = AgentLoopManager(ScriptedEngine(script), TOK, config(), tools={"python": echo},
+                               call_format=build_call_format(None, ["python"], TOK))
+    out = run(manager, prompts(["q"], agent_name=["tool_agent"]))
+    assert result_spans(out) == [TAG_RESULT.format("got print(1)")]
+    assert response_texts(out)[0].startswith("<python>print(1)</python>")
+
+
+def test_many_loops_with_tools_of_different_latencies_keep_each_rows_tokens():
+    rng = random.Random(0)
+    echo = EchoTool(delay=lambda: rng.choice([0.0, 0.01, 0.05]))
+
+    def script(prompt, response):
+        rounds = response.count("<tool_response>")
+        if rounds < int(prompt[1:]) % 3:
+            return f'<tool_call>{{"name": "echo", "arguments": {{"text": "{prompt}-{rounds}"}}}}</tool_call>$'
+        return f" final {prompt}$"
+    manager = AgentLoopManager(ScriptedEngine(script), TOK, config(response_length=400, num_workers=4),
+                               tools={"echo": echo}, call_format=build_call_format("hermes", ["echo"], TOK))
+    rows = 24
+    out = run(manager, prompts([f"q{i}" for i in range(rows)], agent_name=["tool_agent"] * rows), response_length=400)
+    for i in range(rows):
+        spans = result_spans(out, i)
+        assert spans == [f"\n<tool_response>\ngot q{i}-{r}\n</tool_response>\n" for r in range(i % 3)]
+        assert response_texts(out)[i].endswith(f" final q{i}")
+        trained = out.batch["response_mask"][i].sum().item()
+        attended = out.batch["attention_mask"][i, -400:].sum().item()
+        assert attended - trained == sum(map(len, spans))
+    assert out.meta_info["metrics"]["agent/engine_batches"][0] >= 3
+
+
+def test_user_loops_by_name_from_the_row_or_a_config_file(tmp_path, monkeypatch):
+    @register("shout_agent")
+    class Shout(AgentLoopBase):
+        async def run(self, sampling_params, **kwargs):
+            out = await self.server_manager.generate(prompt_ids=list(kwargs["raw_prompt_ids"]),
+                                                     sampling_params={**sampling_params, "max_tokens": 3})
+            return AgentLoopOutput(prompt_ids=list(kwargs["raw_prompt_ids"]), response_ids=out.token_ids,
+                                   response_mask=[1] * len(out.token_ids), num_turns=2)
+
+    engine = ScriptedEngine(lambda prompt, response: f"hello {prompt}$")
+    out = run(AgentLoopManager(engine, TOK, config()), prompts(["a", "b"], agent_name=["shout_agent", None]))
+    assert response_texts(out) == ["hel", "hello b"]
+
+    module = tmp_path / "my_loops.py"
+    module.write_text("from verl.experimental.agent_loop import AgentLoopBase\n"
+                      "class Quiet(AgentLoopBase):\n"
+                      "    async def run(self, sampling_params, **kw):\n"
+                      "        from verl.experimental.agent_loop import AgentLoopOutput\n"
+                      "        return AgentLoopOutput(prompt_ids=list(kw['raw_prompt_ids']), response_ids=[5],"
+                      " response_mask=[1])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    listing = tmp_path / "loops.yaml"
+    listing.write_text("- name: quiet_agent\n  _target_: my_loops.Quiet\n")
+    cfg = config()
+    cfg.rollout.agent.agent_loop_config_path = str(listing)
+    cfg.rollout.agent.default_agent_loop = "quiet_agent"
+    out = run(AgentLoopManager(engine, TOK, cfg), prompts(["a"]))
+    assert out.batch["responses"][0, 0].item() == 5 and out.batch["response_mask"][0].sum().item() == 1
+
+
+def test_unknown_agent_names_and_failing_loops_are_reported():
+    engine = ScriptedEngine(lambda prompt, response: "x$")
+    with pytest.raises(ValueError, match="agent loop 'nope_agent'.*is not registered.*single_turn_agent"):
+        run(AgentLoopManager(engine, TOK, config()), prompts(["a"], agent_name=["nope_agent"]))
+    cfg = config()
+    cfg.rollout.agent.default_agent_loop = "missing_agent"
+    with pytest.raises(ValueError, match="missing_agent"):
+        AgentLoopManager(engine, TOK, cfg)
+
+    @register("crash_agent")
+    class Crash(AgentLoopBase):
+        async def run(self, sampling_params, **kwargs):
+            raise KeyError("no such column")
+    with pytest.raises(RuntimeError, match="'crash_agent' failed on row 1 .*KeyError"):
+        run(AgentLoopManager(engine, TOK, config()), prompts(["a", "b"], agent_name=["single_turn_agent",
+                                                                                     "crash_agent"]))
+
+
+def test_single_turn_agent_gives_the_samples_of_sync_mode_for_the_same_seed():
+    """mode=async with single_turn_agent and mode=sync: the same engine call, so the same samples, log-probs and
+    batch (the HF engine on a toy Qwen2, sampling at temperature 1)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl.workers.rollout.base import generate_sequences
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    class Tok:
+        pad_token_id, eos_token_id = 0, 3
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=64)).eval()
+    ids = [[5, 9, 7], [17, 2], [40, 41, 42, 43]]
+    width = max(map(len, ids))
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids])
+    batch = DataProto.from_dict(
+        tensors={"input_ids": torch.tensor([[0] * (width - len(r)) + r for r in ids]), "attention_mask": mask,
+                 "position_ids": torch.clip(mask.cumsum(-1) - 1, min=0)},
+        non_tensors={"raw_prompt_ids": ids}).repeat(4, interleave=True)
+    params = SamplingParams(temperature=1.0, max_tokens=10)
+    sync = generate_sequences(HFRollout(copy_of(model), Tok(), seed=7), batch, params, 10, pad_token_id=0,
+                              eos_token_id=3)
+    manager = AgentLoopManager(HFRollout(copy_of(model), Tok(), seed=7), Tok(), config(num_workers=3))
+    out = manager.generate_sequences(batch, params, 10, pad_token_id=0)
+    assert len(set(map(tuple, sync.batch["responses"].tolist()))) > 3  # real sampling, not one repeated answer
+    for key in ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask",
+                "rollout_log_probs", "rollout_entropys"):
+        assert torch.equal(out.batch[key], sync.batch[key]), key
+    assert list(out.non_tensor_batch["finish_reason"]) == list(sync.non_tensor_batch["finish_reason"])
+
+
+def copy_of(model):
+    import copy
+
+    return copy.deepcopy(model)

@@ -1,0 +1,15 @@
+"""verl's agent-loop API (`rollout.mode=async`): the face of verl/workers/rollout/async_agent.py and tool_agent.py."""
+
+from verl.workers.rollout.async_agent import (
+    AgentLoopBase,
+    AgentLoopManager,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    DictConfigWrap,
+    SingleTurnAgentLoop,
+    TokenOutput,
+    register,
+)
+
+__all__ = ["AgentLoopBase", "AgentLoopManager", "AgentLoopMetrics", "AgentLoopOutput", "DictConfigWrap",
+           "SingleTurnAgentLoop", "TokenOutput", "register"]

@@ -1,0 +1,516 @@
+r"""verl's agent loop (`rollout.mode=async`): each sample runs as its own coroutine; one server batches their requests.
+
+verl 0.9 generates through agent loops. The driver repeats every prompt `rollout.n` times, and for each row the
+loop named by the row's `agent_name` column (else `rollout.agent.default_agent_loop`) runs as a coroutine: it asks
+the rollout engine for tokens (`await self.server_manager.generate(...)`), may call tools, and returns an
+`AgentLoopOutput` (prompt ids; response ids; response mask, 1 on the model's tokens and 0 on tool output).
+
+**The server** (`EngineServer`, the loops' `server_manager`). Requests wait in one queue. A batch goes to the engine
+when every loop still running is waiting on it, or when no new request came for `BATCH_WINDOW_S` while some loops
+are busy elsewhere (in a tool call); the first batch of a call also waits (up to `FIRST_REQUEST_WAIT_S`) for every
+loop to ask once. The engine runs in the calling thread while the loops go on in `agent.num_workers` threads, each
+with its own event loop: one loop's tool call runs while the others decode, and a loop written with blocking code
+stalls only its own thread. A batch reaches the engine in row order, so with plain sampling it is the same engine
+call as `mode=sync` makes, and the same seed gives the same samples. Requests whose sampling differs in more than
+`max_tokens` go in separate engine calls (the HF engine samples one way per call). vLLM is driven the same way (its
+offline engine takes the batch), which keeps both engines behind `RolloutEngine.generate`.
+
+**Loops.** `single_turn_agent` (one generation) and `tool_agent` (multi-turn tool calls, see `ToolAgentLoop`) are
+built in. A user loop subclasses `AgentLoopBase`, implements `async run(sampling_params, **row) -> AgentLoopOutput`,
+and is registered with `@register("name")` in a module that `actor_rollout_ref.model.external_lib` imports, or
+listed in the YAML of `agent.agent_loop_config_path` (a list of `{name: ..., _target_: module.Class}`).
+
+**The batch.** Outputs become the trainer's rollout batch (`base.layout_rollout_batch`): prompts left-padded (to the
+longest prompt a loop used when that is longer than the input's), responses right-padded and cut at
+`response_length`, `response_mask` 0 on tool tokens, the engine's log-probs and entropies where the model sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import importlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from verl.utils.torch_functional import compute_position_id_with_mask, pad_2d_list_to_tensor
+from verl.workers.rollout.base import RolloutEngine, SamplingParams, layout_rollout_batch
+
+logger = logging.getLogger(__name__)
+
+BATCH_WINDOW_S = 0.01
+FIRST_REQUEST_WAIT_S = 2.0
+AGENT = "actor_rollout_ref.rollout.agent"
+
+
+# ---------------------------------------------------------------------------------------------- verl's data types
+@dataclass
+class TokenOutput:
+    """What `server_manager.generate` returns: the sampled tokens with their log-probs (verl's fields) and entropies."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    entropies: list[float] = field(default_factory=list)
+    finish_reason: str = "length"
+    stop_reason: str | int | None = None
+    num_preempted: int | None = None
+
+
+@dataclass
+class AgentLoopMetrics:
+    """Seconds a loop spent waiting on the engine and on tools (verl's names)."""
+
+    generate_sequences: float = 0.0
+    tool_calls: float = 0.0
+
+
+@dataclass
+class AgentLoopOutput:
+    """One trajectory. `response_mask` has one entry per response token: 1 where the model sampled it (trained), 0 on
+    tool output. `metrics` may be an `AgentLoopMetrics` or a dict of its fields; `extra_fields` travel as per-row
+    columns of the batch (`response_entropies` there fills `rollout_entropys`)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float] | None = None
+    num_turns: int = 0
+    metrics: Any = field(default_factory=AgentLoopMetrics)
+    reward_score: float | None = None
+    multi_modal_data: dict | None = None
+    extra_fields: dict[str, Any] = field(default_factory=dict)
+
+
+class DictConfigWrap:
+    """The whole config handed to a loop (verl wraps it so that instantiation does not resolve it)."""
+
+    def __init__(self, config: DictConfig):
+        self.config = config
+
+
+# ---------------------------------------------------------------------------------------------- the loops' base
+class AgentLoopBase:
+    """A coroutine that turns one row into one trajectory. Attributes: `config` (the whole config),
+    `rollout_config` (`actor_rollout_ref.rollout`), `server_manager` (the `EngineServer`), `tokenizer`,
+    `processor` (None: text only), `tools` (tool name -> verl-style tool), `prompt_length`, `response_length`."""
+
+    def __init__(self, trainer_config: Any, server_manager: EngineServer, tokenizer, processor=None, **kwargs):
+        self.config = trainer_config.config if isinstance(trainer_config, DictConfigWrap) else trainer_config
+        self.rollout_config = self.config.actor_rollout_ref.rollout
+        self.server_manager, self.tokenizer, self.processor = server_manager, tokenizer, processor
+        self.tools: dict[str, Any] = kwargs.get("tools") or {}
+        self.response_length = int(self.rollout_config.response_length)
+        self.prompt_length = int(self.rollout_config.get("prompt_length") or 0)
+        self.apply_chat_template_kwargs = dict(kwargs.get("apply_chat_template_kwargs") or {})
+
+    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
+                                  remove_system_prompt: bool = False, **_: Any) -> list[int]:
+        """Token ids of `messages` with the generation prompt (and the tools' schemas where the template renders
+        them), computed in a thread."""
+        def render():
+            ids = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                                     tokenize=True, **self.apply_chat_template_kwargs)
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return await asyncio.to_thread(render)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        raise NotImplementedError(f"{type(self).__name__}.run(sampling_params, **row) must be implemented")
+
+
+# name -> loop class, or its import path until first use (the tool loop lives in tool_agent.py).
+_AGENT_LOOPS: dict[str, Any] = {"tool_agent": "verl.workers.rollout.tool_agent.ToolAgentLoop"}
+
+
+def register(agent_name: str):
+    """Class decorator: the loop that rows with `agent_name` (or `agent.default_agent_loop`) run."""
+    def decorate(cls):
+        _AGENT_LOOPS[agent_name] = cls
+        return cls
+    return decorate
+
+
+def registered_agent_loops() -> list[str]:
+    return sorted(_AGENT_LOOPS)
+
+
+def load_agent_loop_config(path: str) -> None:
+    """Register the loops of `agent.agent_loop_config_path`: a YAML list of `{name, _target_}` (verl's file)."""
+    try:
+        entries = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as err:
+        raise ValueError(f"{AGENT}.agent_loop_config_path={path!r} cannot be read: {err}") from err
+    if not isinstance(entries, list):
+        raise ValueError(f"{AGENT}.agent_loop_config_path={path!r} must hold a list of {{name, _target_}} entries")
+    for k, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not entry.get("name") or not entry.get("_target_"):
+            raise ValueError(f"{path}: entry {k} must have `name` and `_target_` (module.Class), got {entry!r}")
+        _AGENT_LOOPS[str(entry["name"])] = str(entry["_target_"])
+
+
+def agent_loop_class(name: str) -> type[AgentLoopBase]:
+    """The class registered under `name`, importing a `_target_` path on first use."""
+    if name not in _AGENT_LOOPS:
+        raise ValueError(f"agent loop {name!r} (the row's agent_name, or {AGENT}.default_agent_loop) is not registered;"
+                         f" registered: {', '.join(registered_agent_loops())}. Register a loop with "
+                         "@verl.experimental.agent_loop.register(name) in a module named by "
+                         f"actor_rollout_ref.model.external_lib, or list it in {AGENT}.agent_loop_config_path")
+    target = _AGENT_LOOPS[name]
+    if isinstance(target, str):
+        module, _, attr = target.rpartition(".")
+        try:
+            target = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"agent loop {name!r}: cannot import {_AGENT_LOOPS[name]!r} ({err})") from err
+        _AGENT_LOOPS[name] = target
+    return target
+
+
+# ---------------------------------------------------------------------------------------------- the server
+@dataclass
+class _LoopState:
+    row: int
+    asked: bool = False
+    requests: int = 0
+
+
+_CURRENT_LOOP: contextvars.ContextVar[_LoopState | None] = contextvars.ContextVar("agent_loop", default=None)
+
+
+@dataclass
+class _Request:
+    order: tuple[int, int]
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: concurrent.futures.Future
+
+
+class EngineServer:
+    """The loops' `server_manager` over one `RolloutEngine` (module docstring). `base` is the call's sampling (the
+    rollout config's or validation's); a loop's `sampling_params` dict overrides temperature, top_p, top_k,
+    max_tokens (null: `response_length`), stop and stop_token_ids."""
+
+    def __init__(self, engine: RolloutEngine, base: SamplingParams, response_length: int):
+        self.engine, self.base, self.response_length = engine, base, response_length
+        self._cond = threading.Condition()
+        self._pending: list[_Request] = []
+        self._running = 0  # loops not finished
+        self._fresh = 0  # loops that have not asked yet
+        self.batch_sizes: list[int] = []
+
+    async def generate(self, request_id: str | None = None, *, prompt_ids: list[int],
+                       sampling_params: dict[str, Any] | None = None, image_data=None, **_: Any) -> TokenOutput:
+        """Sample one completion of `prompt_ids` (verl's signature; `request_id` is only a label here)."""
+        if image_data:
+            raise NotImplementedError("image inputs: vision-language rollouts are not built in Quiver")
+        params = self.sampling(sampling_params or {}, len(prompt_ids))
+        state = _CURRENT_LOOP.get()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if state is not None:
+                if not state.asked:
+                    state.asked = True
+                    self._fresh -= 1
+                state.requests += 1
+            order = (state.row, state.requests) if state is not None else (1 << 62, len(self._pending))
+            self._pending.append(_Request(order, [int(t) for t in prompt_ids], params, future))
+            self._cond.notify_all()
+        return await asyncio.wrap_future(future)
+
+    def sampling(self, overrides: dict[str, Any], prompt_len: int) -> SamplingParams:
+        """The engine's SamplingParams of one request."""
+        known = {}
+        for key in ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "do_sample"):
+            if overrides.get(key) is not None:
+                known[key] = overrides[key]
+        if "max_new_tokens" in overrides and "max_tokens" not in known:
+            known["max_tokens"] = overrides["max_new_tokens"]
+        known.setdefault("max_tokens", self.response_length)
+        known["max_tokens"] = max(1, int(known["max_tokens"]))
+        if known.get("top_k") is not None:
+            known["top_k"] = int(known["top_k"])
+        return replace(self.base, n=1, logprobs=overrides.get("top_logprobs"), **known)
+
+    # ------------------------------------------------------------------ the loops' side of the bookkeeping
+    def _begin(self, count: int) -> None:
+        with self._cond:
+            self._running += count
+            self._fresh += count
+
+    def _finish(self, state: _LoopState) -> None:
+        with self._cond:
+            self._running -= 1
+            if not state.asked:
+                self._fresh -= 1
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ the engine's side
+    def serve(self) -> None:
+        """Run batches until every loop has finished (in the thread that owns the engine)."""
+        first_deadline = time.monotonic() + FIRST_REQUEST_WAIT_S
+        while True:
+            with self._cond:
+                while not self._pending and self._running > 0:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                while len(self._pending) < self._running:
+                    if self._fresh > 0 and time.monotonic() < first_deadline:
+                        self._cond.wait(max(first_deadline - time.monotonic(), 0.0))
+                        continue
+                    count = len(self._pending)
+                    self._cond.wait(BATCH_WINDOW_S)
+                    if len(self._pending) == count:
+                        break
+                batch = sorted(self._pending, key=lambda r: r.order)
+                self._pending = []
+            self._run(batch)
+
+    def _run(self, batch: list[_Request]) -> None:
+        self.batch_sizes.append(len(batch))
+        groups: dict[str, list[_Request]] = {}
+        for request in batch:  # one engine call per sampling (max_tokens aside), in row order
+            groups.setdefault(repr(replace(request.params, max_tokens=1)), []).append(request)
+        for requests in groups.values():
+            try:
+                outputs = self.engine.generate([r.prompt_ids for r in requests], [r.params for r in requests])
+            except Exception as err:  # every loop of the call gets the engine's error
+                for r in requests:
+                    r.future.set_exception(err)
+                continue
+            for r, (out, *_) in zip(requests, outputs):
+                r.future.set_result(TokenOutput(token_ids=list(out.token_ids), log_probs=list(out.log_probs),
+                                                entropies=list(out.entropies), finish_reason=out.finish_reason,
+                                                stop_reason=out.stop_reason))
+
+
+# ---------------------------------------------------------------------------------------------- set-up
+def load_agent_tools(rollout: Any) -> dict[str, Any]:
+    """The tools of mode=async, by name: verl's tool YAML (`multi_turn.tool_config_path`), function tools
+    (`multi_turn.function_tool_path`) and the seeds' tag tools of `rollout.tools` (as verl-style tools)."""
+    from verl.workers.tools.manager import ToolManager
+    from verl.workers.tools.openai_tools import TagToolAdapter, load_all_tools
+
+    multi_turn = rollout.get("multi_turn") or {}
+    paths = {key: os.path.expanduser(multi_turn[key]) if multi_turn.get(key) else None
+             for key in ("tool_config_path", "function_tool_path")}
+    tools = {tool.name: tool for tool in load_all_tools(**paths)}
+    manager = ToolManager.from_config(rollout.get("tools"))
+    for tag, tool in (manager.tools.items() if manager is not None else ()):
+        if tag in tools:
+            raise ValueError(f"two tools are named {tag!r}: one in actor_rollout_ref.rollout.tools.tool_instances, "
+                             "one in multi_turn.tool_config_path / function_tool_path")
+        tools[tag] = TagToolAdapter(tool)
+    return tools
+
+
+def call_format_name(rollout: Any) -> str:
+    """`multi_turn.format` of mode=async: as set, else hermes where verl-style tools are configured (verl's default)
+    and the seeds' tags where only `rollout.tools` tools are."""
+    multi_turn = rollout.get("multi_turn") or {}
+    if multi_turn.get("format"):
+        return multi_turn.format
+    return "hermes" if multi_turn.get("tool_config_path") or multi_turn.get("function_tool_path") else "tags"
+
+
+def build_agent_loop_manager(engine: RolloutEngine, tokenizer, config: Any) -> AgentLoopManager:
+    """The agent loops of a rollout worker (mode=async): its tools, their call format and the loop registry."""
+    from verl.workers.rollout.tool_formats import build_call_format
+
+    rollout = config.rollout
+    tools = load_agent_tools(rollout)
+    call_format = build_call_format(call_format_name(rollout), list(tools), tokenizer)
+    return AgentLoopManager(engine, tokenizer, config, tools=tools, call_format=call_format)
+
+
+def check_agent_setup(rollout: Any) -> None:
+    """Before Ray starts (main_ppo, mode=async): the tools load and the loops named in the config are registered;
+    a ConfigError names what is wrong."""
+    from verl.utils.config import ConfigError
+
+    if rollout.mode != "async":
+        return
+    agent = rollout.get("agent") or {}
+    try:
+        if agent.get("agent_loop_config_path"):
+            load_agent_loop_config(os.path.expanduser(agent.agent_loop_config_path))
+        agent_loop_class(agent.get("default_agent_loop") or "single_turn_agent")
+        load_agent_tools(rollout)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
+# ---------------------------------------------------------------------------------------------- the manager
+class AgentLoopManager:
+    """Runs the agent loops of a rollout batch on one engine and lays out the result (module docstring).
+
+    engine: the rollout engine. tokenizer: the policy's. config: the worker's `actor_rollout_ref` config (loops see
+    it as `config.actor_rollout_ref`). tools: tool name -> verl-style tool (`verl.tools.base_tool.BaseTool`).
+    """
+
+    def __init__(self, engine: RolloutEngine, tokenizer, config: Any, tools: dict[str, Any] | None = None,
+                 call_format: Any = None):
+        self.engine, self.tokenizer, self.tools, self.call_format = engine, tokenizer, dict(tools or {}), call_format
+        # The worker's section, resolved where it still sees the whole config (its interpolations read data.*).
+        resolved = OmegaConf.to_container(config, resolve=True) if OmegaConf.is_config(config) else dict(config)
+        self.trainer_config = OmegaConf.create({"actor_rollout_ref": resolved})
+        rollout = self.trainer_config.actor_rollout_ref.rollout
+        agent = rollout.get("agent") or {}
+        self.num_workers = int(agent.get("num_workers") or 1)
+        self.default_agent_loop = agent.get("default_agent_loop") or "single_turn_agent"
+        if agent.get("agent_loop_config_path"):
+            load_agent_loop_config(agent.agent_loop_config_path)
+        agent_loop_class(self.default_agent_loop)  # a misspelled default fails at start-up, not at the first step
+
+    def generate_sequences(self, prompts, params: SamplingParams, response_length: int, pad_token_id: int):
+        """One trajectory per row of `prompts` (left-padded ids; non-tensor columns are the loops' keyword
+        arguments), laid out as the trainer's rollout batch with the call's metrics in `meta_info["metrics"]`."""
+        start = time.perf_counter()
+        rows = len(prompts)
+        columns = {key: values for key, values in prompts.non_tensor_batch.items()}
+        names = [str(n) for n in columns.get("agent_name", [None] * rows)]
+        names = [self.default_agent_loop if n in ("None", "", "nan") else n for n in names]
+        classes = {name: agent_loop_class(name) for name in set(names)}
+        if "raw_prompt_ids" not in columns:  # loops read the prompt's ids as a column
+            ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+            columns["raw_prompt_ids"] = _column([row[m].tolist() for row, m in zip(ids, mask)])
+        sampling = {"temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
+                    "top_k": params.top_k, "max_tokens": min(params.max_tokens, response_length)}
+        server = EngineServer(self.engine, replace(params, n=1), response_length)
+        server._begin(rows)
+        results: list[AgentLoopOutput | None] = [None] * rows
+        errors: dict[int, BaseException] = {}
+
+        async def one(i: int) -> None:
+            state = _LoopState(row=i)
+            _CURRENT_LOOP.set(state)
+            try:
+                loop = classes[names[i]](DictConfigWrap(self.trainer_config), server, self.tokenizer, None,
+                                         tools=self.tools, call_format=self.call_format)
+                kwargs = {key: values[i] for key, values in columns.items() if key != "agent_name"}
+                results[i] = await loop.run(dict(sampling), **kwargs)
+            except BaseException as err:  # reported after every loop has finished
+                errors[i] = err
+            finally:
+                server._finish(state)
+
+        async def chunk(indices: list[int]) -> None:
+            await asyncio.gather(*(asyncio.create_task(one(i)) for i in indices))
+
+        workers = max(1, min(self.num_workers, rows))
+        bounds = np.linspace(0, rows, workers + 1).astype(int)
+        threads = [threading.Thread(target=asyncio.run, args=(chunk(list(range(a, b))),), daemon=True,
+                                    name=f"agent-loop-{k}") for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+        for thread in threads:
+            thread.start()
+        server.serve()
+        for thread in threads:
+            thread.join()
+        if errors:
+            row = min(errors)
+            raise RuntimeError(f"agent loop {names[row]!r} failed on row {row} ({len(errors)} of {rows} loops failed): "
+                               f"{type(errors[row]).__name__}: {errors[row]}") from errors[row]
+        output = self._layout(prompts, results, response_length, pad_token_id)
+        output.meta_info["metrics"] = {key: [value] for key, value in
+                                       self._metrics(results, names, server, time.perf_counter() - start).items()}
+        return output
+
+    def _layout(self, prompts, results: list[AgentLoopOutput], response_length: int, pad_token_id: int):
+        from verl.protocol import DataProto
+
+        width = max(prompts.batch["input_ids"].shape[1], max(len(r.prompt_ids) for r in results))
+        prompt_ids = pad_2d_list_to_tensor([r.prompt_ids for r in results], pad_token_id, max_length=width, left=True)
+        prompt_mask = pad_2d_list_to_tensor([[1] * len(r.prompt_ids) for r in results], 0, max_length=width, left=True)
+        prompt_mask = prompt_mask.to(prompts.batch["attention_mask"].dtype)
+        device = prompts.batch["input_ids"].device
+        raw_ids = np.empty(len(results), dtype=object)
+        raw_ids[:] = [list(r.prompt_ids) for r in results]
+        padded = DataProto.from_dict(
+            tensors={"input_ids": prompt_ids.to(device), "attention_mask": prompt_mask.to(device),
+                     "position_ids": compute_position_id_with_mask(prompt_mask).to(device)},
+            non_tensors={"raw_prompt_ids": raw_ids}, meta_info=dict(prompts.meta_info))
+
+        def pad(rows, value, dtype):
+            return pad_2d_list_to_tensor(rows, value, max_length=response_length, dtype=dtype).to(device)
+
+        responses = [list(r.response_ids)[:response_length] for r in results]
+        for r, response in zip(results, responses):
+            if len(r.response_mask) < len(response):
+                raise ValueError(f"an agent loop returned {len(r.response_ids)} response ids but only "
+                                 f"{len(r.response_mask)} response_mask entries")
+        lengths = torch.tensor([len(r) for r in responses], device=device)
+        mask = pad([list(r.response_mask)[:response_length] for r in results], 0, torch.long)
+        log_probs = pad([list(r.response_logprobs or [0.0] * len(r.response_ids))[:response_length]
+                         for r in results], 0.0, torch.float32)
+        entropies = pad([list(r.extra_fields.get("response_entropies") or [0.0] * len(r.response_ids))
+                         [:response_length] for r in results], 0.0, torch.float32)
+        extra = {"finish_reason": [r.extra_fields.get("finish_reason", "stop") for r in results],
+                 "stop_reason": [r.extra_fields.get("stop_reason") for r in results],
+                 "tool_calls": [int(r.extra_fields.get("tool_calls", 0)) for r in results],
+                 "num_turns": [int(r.num_turns) for r in results]}
+        if any(r.reward_score is not None for r in results):
+            extra["agent_reward_score"] = [r.reward_score for r in results]
+        if any("tool_rewards" in r.extra_fields for r in results):
+            extra["tool_rewards"] = [float(r.extra_fields.get("tool_rewards", 0.0)) for r in results]
+        extra = {key: _column(values) for key, values in extra.items()}
+        return layout_rollout_batch(
+            padded, pad(responses, pad_token_id, torch.long),
+            attended=torch.arange(response_length, device=device)[None, :] < lengths[:, None],
+            response_mask=mask, log_probs=log_probs * mask, entropys=entropies * mask,
+            extra_non_tensors=extra)
+
+    @staticmethod
+    def _metrics(results: list[AgentLoopOutput], names: list[str], server: EngineServer,
+                 seconds: float) -> dict[str, float]:
+        turns = [r.num_turns for r in results]
+        calls = [int(r.extra_fields.get("tool_calls", 0)) for r in results]
+        tool_tokens = sum(len(r.response_mask) - sum(r.response_mask) for r in results)
+        metrics = {
+            "agent/num_turns_mean": float(np.mean(turns)), "agent/num_turns_max": float(max(turns)),
+            "agent/engine_batches": float(len(server.batch_sizes)),
+            "agent/engine_batch_size_mean": float(np.mean(server.batch_sizes)) if server.batch_sizes else 0.0,
+            "agent/seconds": seconds,
+            "tools/calls_per_trajectory": float(np.mean(calls)),
+            "tools/result_token_fraction": tool_tokens / max(sum(len(r.response_mask) for r in results), 1),
+        }
+        for name, count in Counter(names).items():
+            metrics[f"agent/rows/{name}"] = float(count)
+        return metrics
+
+
+def _column(values: list) -> np.ndarray:
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+@register("single_turn_agent")
+class SingleTurnAgentLoop(AgentLoopBase):
+    """verl's `single_turn_agent`: one generation from the row's prompt ids (the dataset applied the chat template)."""
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        prompt_ids = [int(t) for t in kwargs["raw_prompt_ids"]]
+        start = time.perf_counter()
+        out = await self.server_manager.generate(new_request_id(), prompt_ids=prompt_ids,
+                                                 sampling_params=sampling_params)
+        tokens = out.token_ids[: self.response_length]
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids, response_ids=tokens, response_mask=[1] * len(tokens),
+            response_logprobs=out.log_probs[: len(tokens)], num_turns=2,
+            metrics=AgentLoopMetrics(generate_sequences=time.perf_counter() - start),
+            extra_fields={"response_entropies": out.entropies[: len(tokens)], "finish_reason": out.finish_reason,
+                          "stop_reason": out.stop_reason})
