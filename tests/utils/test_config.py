@@ -295,6 +295,22 @@ def test_every_verl_key_is_accepted_and_announced_with_its_reason(capsys):
     assert verl_key_reason("data.image_key").startswith("Quiver trains text-only models")
 
 
+# A copy of ../shared/specs/verl_keys/example_script_keys.tsv (the keys verl's example scripts set).
+SCRIPT_KEYS = os.path.join(os.path.dirname(__file__), "..", "data", "verl_example_script_keys.tsv")
+
+
+def test_every_key_of_verls_example_scripts_passes_with_its_usual_value():
+    """The keys of verl 0.9.1's schema that verl's 127 main_ppo example scripts set, each with the value the scripts
+    write most often (shell variables left out): together they compose through Quiver's check."""
+    from omegaconf import OmegaConf
+
+    rows = [line.rstrip("\n").split("\t") for line in open(SCRIPT_KEYS) if line.strip() and not line.startswith("#")]
+    rows = [(key, value) for key, _, value, in_verl, _ in rows if in_verl == "yes" and value and "$" not in value]
+    assert len(rows) > 150
+    cfg = load_config(overrides=[f"{key}={value}" for key, value in rows])  # a ConfigError lists every key at fault
+    assert all(OmegaConf.select(cfg, key, default="<missing>") != "<missing>" for key, _ in rows)
+
+
 def test_a_verl_key_with_a_value_of_the_wrong_type_names_the_key():
     with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.calculate_entropy='often' has the wrong type"):
         load_config(overrides=["actor_rollout_ref.actor.calculate_entropy=often"])

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "trainer" / "config")
@@ -115,10 +116,10 @@ def _verl_default_type(default: str) -> type | tuple[type, ...] | None:
         return None
     if default in ("True", "False"):
         return bool
-    for kind, parse in ((int, int), (float, float)):
+    for parse in (int, float):
         try:
             parse(default)
-            return (int, float) if kind is float else int
+            return (int, float)  # verl writes 0 for float fields too (rollout.over_sample_rate: 0, scripts 0.1)
         except ValueError:
             pass
     if default.startswith("["):
@@ -146,7 +147,12 @@ def check_verl_only_values(cfg: DictConfig) -> None:
         default = verl_only_keys()[key]
         kind = _verl_default_type(default)
         wrong = kind is not None and value is not None and (
-            not isinstance(value, kind) or (kind is int and isinstance(value, bool)))
+            not isinstance(value, kind) or (kind == (int, float) and isinstance(value, bool)))
+        if wrong and kind == (list, ListConfig) and isinstance(value, str):  # a list written as one quoted string
+            try:
+                wrong = not isinstance(yaml.safe_load(value), list)
+            except yaml.YAMLError:
+                pass
         if wrong:
             problems.append(f"{key}={value!r} has the wrong type: verl 0.9's default is {default}")
     if problems:
