@@ -90,6 +90,20 @@ def test_return_raw_chat_index_and_tools_kwargs(tokenizer, tmp_path):
     assert dataset[1]["index"] == 42 and dataset[1]["tools_kwargs"] == {"python": {"timeout": 3}}
 
 
+def test_rows_with_images_are_refused_with_the_column_named(tokenizer, tmp_path):
+    """verl's data.image_key / video_key columns: media in them is a clear error (text-only training); an empty
+    column, or the key set on text data, is fine."""
+    fine = _write_jsonl(tmp_path / "text.jsonl", [_row("hi", images=[]), _row("there")])
+    assert len(RLHFDataset([fine], tokenizer, {"max_prompt_length": 16, "image_key": "images"})) == 2
+    pictures = _write_jsonl(tmp_path / "vl.jsonl", [_row("hi"), _row("look", pics=[{"image": "a.png"}])])
+    with pytest.raises(ConfigError, match=r"vl.jsonl, row 1: column 'pics' \(data.image_key\) holds images, but "
+                                          "vision-language training is not built"):
+        RLHFDataset([pictures], tokenizer, {"max_prompt_length": 16, "image_key": "pics"})
+    video = _write_jsonl(tmp_path / "video.jsonl", [_row("watch", videos=["clip.mp4"])])
+    with pytest.raises(ConfigError, match=r"column 'videos' \(data.video_key\) holds videos"):
+        RLHFDataset([video], tokenizer, {"max_prompt_length": 16})
+
+
 @pytest.mark.parametrize("limit", [10, 11])
 def test_truncation_modes(tokenizer, tmp_path, limit):
     path = _write_parquet(tmp_path / "long.parquet", [_row("short"), _row(LONG)])

@@ -141,6 +141,25 @@ def left_pad(token_ids: list[int], length: int, pad_token_id: int) -> tuple[torc
     return input_ids, attention_mask, compute_position_id_with_mask(attention_mask)
 
 
+# verl's data keys of image and video columns, with verl's defaults (verl 0.9 reads them for vision-language models).
+MEDIA_KEYS = {"image_key": "images", "video_key": "videos"}
+
+
+def _refuse_media(rows: list[dict], path: str, config) -> None:
+    """Rows that carry images or videos (verl's data.image_key / data.video_key columns) are an error: Quiver trains
+    text-only models, and dropping the media silently would train on prompts that refer to pictures nobody sees."""
+    for key, default in MEDIA_KEYS.items():
+        column = config.get(key) or default
+        for i, row in enumerate(rows):
+            value = row.get(column)
+            empty = value is None or (hasattr(value, "__len__") and len(value) == 0)
+            if not empty:
+                raise ConfigError(
+                    f"{path}, row {i}: column {column!r} (data.{key}) holds {key.split('_')[0]}s, but "
+                    "vision-language training is not built in Quiver (it trains text-only models). Use a text-only "
+                    f"data set, or drop the column if the prompts do not need it")
+
+
 class RLHFDataset(Dataset):
     """Prompts for RL from one or more files; `config` is verl's `data` node (a DictConfig or a dict)."""
 
@@ -174,6 +193,7 @@ class RLHFDataset(Dataset):
                     f"{path} holds no rows: a data file needs at least one prompt (was it written "
                     "completely?); point data.train_files / data.val_files at the right file"
                 )
+            _refuse_media(rows, path, config)
             for i, row in enumerate(rows):
                 self.rows.append(_check_row(row, f"{path}, row {i}", self.prompt_key, self.reward_fn_key))
                 self.origins.append((path, i, len(self.origins)))
