@@ -277,18 +277,21 @@ def _value_for(default: str) -> str:
 
 def test_every_verl_key_is_accepted_and_announced_with_its_reason(capsys):
     """The key walk: every verl 0.9.1 ppo_trainer key Quiver's own tree lacks can be set at once, on top of Quiver's
-    own keys; each lands in the config and is announced once as doing nothing here, with a reason."""
+    own keys; each lands in the config and is announced once as doing nothing here, with a reason -- except verl
+    0.9's new spellings of Quiver's keys (RENAMED_KEYS), which set those."""
     from omegaconf import OmegaConf
 
     from verl.trainer.ppo.config_rules import announce_inert_keys
-    from verl.utils.config import NOT_CARRIED_KEYS, _flatten, verl_key_reason, verl_only_keys
+    from verl.utils.config import NOT_CARRIED_KEYS, RENAMED_KEYS, _flatten, verl_key_reason, verl_only_keys
 
     keys = {key: default for key, default in verl_only_keys().items() if key not in NOT_CARRIED_KEYS}
     assert len(keys) > 500 and not set(keys) & set(_flatten(base_config()))
     cfg = load_config(overrides=[f"{key}={_value_for(default)}" for key, default in keys.items()])
-    assert all(OmegaConf.select(cfg, key, default="<missing>") != "<missing>" for key in keys)
+    inert = {key: default for key, default in keys.items() if key not in RENAMED_KEYS}
+    assert all(OmegaConf.select(cfg, key, default="<missing>") != "<missing>" for key in inert)
+    assert cfg.custom_reward_function.name == "compute_score" and cfg.reward_model.reward_manager == "naive"
     announced = announce_inert_keys(cfg, "hf")
-    assert set(keys) <= set(announced)
+    assert set(inert) <= set(announced) and not set(RENAMED_KEYS) & set(announced)
     lines = capsys.readouterr().out.splitlines()
     line = next(line for line in lines if line.startswith("[config] global_profiler.tool="))
     assert line.endswith(verl_key_reason("global_profiler.tool")) and "profiler" in line
@@ -309,6 +312,24 @@ def test_every_key_of_verls_example_scripts_passes_with_its_usual_value():
     assert len(rows) > 150
     cfg = load_config(overrides=[f"{key}={value}" for key, value in rows])  # a ConfigError lists every key at fault
     assert all(OmegaConf.select(cfg, key, default="<missing>") != "<missing>" for key, _ in rows)
+
+
+def test_verl_0_9s_reward_section_spellings_set_quivers_keys(capsys):
+    """verl 0.9 moved reward settings under `reward.` (reward.custom_reward_function.path, reward.reward_manager.name,
+    reward.reward_model.*): both spellings work, neither is announced as inert, and a clash is an error."""
+    from verl.trainer.ppo.config_rules import announce_inert_keys
+
+    cfg = load_config(overrides=["reward.custom_reward_function.path=/tmp/my_reward.py",
+                                 "reward.custom_reward_function.name=score", "reward.reward_manager.name=dapo",
+                                 "reward.reward_model.enable=true", "reward.reward_model.model_path=/models/rm"])
+    assert cfg.custom_reward_function.path == "/tmp/my_reward.py" and cfg.custom_reward_function.name == "score"
+    assert cfg.reward_model.reward_manager == "dapo"
+    assert cfg.reward_model.enable is True and cfg.reward_model.model.path == "/models/rm"
+    announce_inert_keys(cfg, "hf")
+    assert "reward." not in "".join(line for line in capsys.readouterr().out.splitlines()
+                                    if line.startswith("[config] reward."))
+    with pytest.raises(ConfigError, match="reward.reward_manager.name='prime' and reward_model.reward_manager='dapo'"):
+        load_config(overrides=["reward.reward_manager.name=prime", "reward_model.reward_manager=dapo"])
 
 
 def test_a_verl_key_with_a_value_of_the_wrong_type_names_the_key():

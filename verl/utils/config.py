@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "trainer" / "config")
 
@@ -275,7 +275,43 @@ def compose_config(config_name: str = "ppo_trainer", overrides: list[str] | None
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(f"could not apply the overrides {overrides}: {err}") from err
     check_verl_only_values(cfg)
+    apply_renamed_keys(cfg)
     return base, cfg
+
+
+# verl 0.9 moved the reward settings under `reward.` and kept the older top-level spellings, which Quiver's tree has:
+# the new spelling -> Quiver's key. Both work; setting both to different values is an error.
+RENAMED_KEYS = {
+    "reward.custom_reward_function.path": "custom_reward_function.path",
+    "reward.custom_reward_function.name": "custom_reward_function.name",
+    "reward.reward_manager.name": "reward_model.reward_manager",
+    "reward.reward_model.enable": "reward_model.enable",
+    "reward.reward_model.model_path": "reward_model.model.path",
+    "reward.sandbox_fusion.url": "reward_model.sandbox_fusion.url",
+}
+
+
+def apply_renamed_keys(cfg: DictConfig) -> None:
+    """Move every RENAMED_KEYS spelling `cfg` sets (not null) onto Quiver's key, in place; the new spelling leaves the
+    config (so it is not announced as inert). Quiver's key set to another non-default value is a ConfigError."""
+    problems = []
+    shipped = base_config()
+    for new, ours in RENAMED_KEYS.items():
+        value = OmegaConf.select(cfg, new, default=_MISSING, throw_on_resolution_failure=False)
+        if value is _MISSING:
+            continue
+        current = OmegaConf.select(cfg, ours)
+        if value is not None and current != value and current != OmegaConf.select(shipped, ours):
+            problems.append(f"{new}={value!r} and {ours}={current!r} set the same thing (verl 0.9's spelling and "
+                            "the older one) to different values; keep one")
+            continue
+        parent, _, leaf = new.rpartition(".")
+        with open_dict(cfg):
+            if value is not None:  # null: the key says nothing
+                OmegaConf.update(cfg, ours, value, merge=False)
+            del OmegaConf.select(cfg, parent)[leaf]
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def add_verl_only_key(base: DictConfig, override: str) -> str:
