@@ -11,6 +11,12 @@ model, with the same prompts, samples per prompt (n), steps and learning rate:
 - GRPO: the tool loop without branching (n independent trajectories per prompt);
 - ARPO: the tool loop with entropy-based branching (n/2 initial trajectories, beam 2, the rest branches or refills).
 
+`--format hermes` runs the same task the way verl 0.9 users write it: the calculator tool of
+`configs/tools/calculator_tool.yaml` (`multi_turn.tool_config_path`), called as a hermes
+`<tool_call>{"name": "calculator", ...}</tool_call>` with its result as a chat-template tool turn, and GRPO through
+verl's agent loops (`rollout.mode=async`, `agent.default_agent_loop=tool_agent`); the SFT demonstrations are the
+same ones rewritten into that format (`verl.demo.tool_tasks.hermes_calculator_response`).
+
 Reported, each measured in this run: held-out greedy accuracy with the python tool (and, for the SFT model, without
 it: the baseline that shows the task needs the tool), tool calls per response, and the RL wall time.
 Results go to `<out>/results.json`.
@@ -36,11 +42,22 @@ METHODS = {
              f"{ROLLOUT}.entropy_weight=0.2"],
 }
 PROMPT_LENGTH, RESPONSE_LENGTH = 160, 128
+CALCULATOR = os.path.join(REPO, "configs", "tools", "calculator_tool.yaml")
+# Per --format: the RL rollout's overrides (under actor_rollout_ref.rollout / rollout), the methods compared.
+FORMATS = {
+    "tags": {"rollout": ["mode=sync_with_tool", *(f"+{t}" for t in TOOLS)], "methods": METHODS},
+    "hermes": {"rollout": ["mode=async", "agent.default_agent_loop=tool_agent",
+                           f"multi_turn.tool_config_path={CALCULATOR}"],
+               "methods": {"grpo_async": [f"{ROLLOUT}.beam_size=1"]}},
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="outputs/tool_demo")
+    parser.add_argument("--out", default=None, help="default outputs/tool_demo (outputs/tool_demo_hermes)")
+    parser.add_argument("--format", choices=sorted(FORMATS), default="tags",
+                        help="tags: the seeds' <python> tool loop, GRPO vs ARPO; hermes: verl's agent loop with the "
+                             "calculator tool in hermes format")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--rl-steps", type=int, default=20)
@@ -81,18 +98,39 @@ def prepare(args: argparse.Namespace) -> tuple[str, str]:
     sft_rows = pd.read_parquet(os.path.join(everything, "sft_train.parquet"))
     sft_rows[~sft_rows["response"].str.contains("<search>", regex=False)].to_parquet(
         os.path.join(data, "sft_train.parquet"))
+    if args.format == "hermes":
+        to_hermes(model, data)
     run([sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", f"model.partial_pretrain={model}",
          "model.enable_gradient_checkpointing=false", f"data.train_files={data}/sft_train.parquet",
-         "data.prompt_key=prompt", "data.response_key=response", "data.max_length=256", "data.train_batch_size=32",
+         "data.prompt_key=prompt", "data.response_key=response", "data.max_length=320", "data.train_batch_size=32",
          "data.micro_batch_size_per_gpu=32", "optim.lr=2e-3", "optim.warmup_steps_ratio=0.05",
          f"trainer.total_training_steps={args.sft_steps}", f"trainer.seed={args.seed}", "trainer.device=cpu",
          "trainer.logger=[console]", f"trainer.default_local_dir={sft}"], os.path.join(root, "logs", "sft.log"))
     return sft_model, data
 
 
-def greedy_eval(model_dir: str, data: str, out_path: str, log: str, tools: bool = True) -> dict[str, float]:
-    """Greedy pass@1 on the test split, with the python tool (the agent loop) or without it."""
-    agent = ["rollout.mode=sync_with_tool", *(f"+rollout.{t}" for t in TOOLS)] if tools else []
+def to_hermes(model: str, data: str) -> None:
+    """Rewrite the task's prompts and SFT demonstrations into the hermes calculator format (in place)."""
+    from transformers import AutoTokenizer
+
+    from verl.demo.tool_tasks import hermes_calculator_response, hermes_messages
+    from verl.workers.rollout.tool_formats import HermesFormat
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tool_turn = HermesFormat(["calculator"], tokenizer).results_text
+    for name in ("train", "test", "sft_train"):
+        path = os.path.join(data, f"{name}.parquet")
+        rows = pd.read_parquet(path)
+        rows["prompt"] = [hermes_messages(list(p)) for p in rows["prompt"]]
+        if "response" in rows:
+            rows["response"] = [hermes_calculator_response(r, tool_turn, tokenizer.eos_token) for r in rows["response"]]
+        rows.to_parquet(path)
+
+
+def greedy_eval(model_dir: str, data: str, out_path: str, log: str, tools: bool = True,
+                fmt: str = "tags") -> dict[str, float]:
+    """Greedy pass@1 on the test split, with the tool (the agent loop of `fmt`) or without it."""
+    agent = [f"rollout.{o}" if o[0] != "+" else f"+rollout.{o[1:]}" for o in FORMATS[fmt]["rollout"]] if tools else []
     run([sys.executable, "-m", "verl.trainer.main_generation", f"model.path={model_dir}",
          f"data.path={data}/test.parquet", "trainer.device=cpu", f"rollout.response_length={RESPONSE_LENGTH}",
          f"rollout.prompt_length={PROMPT_LENGTH}", "data.n_samples=1", "rollout.do_sample=false",
@@ -109,13 +147,14 @@ def train(args: argparse.Namespace, method: str, sft_model: str, data: str) -> d
     if os.path.exists(done):
         with open(done) as f:
             return json.load(f)
-    overrides = [o.replace("HALF", str(args.n // 2)) for o in METHODS[method]]
+    overrides = [o.replace("HALF", str(args.n // 2)) for o in FORMATS[args.format]["methods"][method]]
+    rollout = [f"{ROLLOUT}.{o}" if o[0] != "+" else f"+{ROLLOUT}.{o[1:]}" for o in FORMATS[args.format]["rollout"]]
     start = time.perf_counter()
     run([sys.executable, "-m", "verl.trainer.main_ppo", f"actor_rollout_ref.model.path={sft_model}",
          f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
          f"data.train_batch_size={args.prompts}", f"data.max_prompt_length={PROMPT_LENGTH}",
          f"data.max_response_length={RESPONSE_LENGTH}", f"data.seed={args.seed}", "algorithm.adv_estimator=grpo",
-         f"{ROLLOUT}.mode=sync_with_tool", f"{ROLLOUT}.n={args.n}", *(f"+{ROLLOUT}.{t}" for t in TOOLS),
+         f"{ROLLOUT}.n={args.n}", *rollout,
          f"{ACTOR}.ppo_mini_batch_size={args.prompts // 2}", f"{ACTOR}.optim.lr={args.lr}",
          f"{ACTOR}.use_kl_loss=false", f"{ACTOR}.entropy_coeff=0",
          "actor_rollout_ref.model.enable_gradient_checkpointing=false", "trainer.device=cpu",
@@ -126,7 +165,7 @@ def train(args: argparse.Namespace, method: str, sft_model: str, data: str) -> d
     seconds = time.perf_counter() - start
     merged = merge_final(run_dir, args.rl_steps, os.path.join(root, "logs", f"merge_{method}.log"))
     result = greedy_eval(merged, data, os.path.join(run_dir, "greedy.parquet"),
-                         os.path.join(root, "logs", f"eval_{method}.log"))
+                         os.path.join(root, "logs", f"eval_{method}.log"), fmt=args.format)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         steps = [json.loads(line) for line in f]
     last = steps[-5:]
@@ -134,7 +173,7 @@ def train(args: argparse.Namespace, method: str, sft_model: str, data: str) -> d
         "train_score_first": steps[0]["critic/score/mean"],
         "train_score_last5": sum(s["critic/score/mean"] for s in last) / len(last),
         "train_tool_calls_last5": sum(s["tools/calls_per_trajectory"] for s in last) / len(last),
-        "branches_per_prompt": sum(s["rollout/branches_per_prompt"] for s in steps) / len(steps),
+        "branches_per_prompt": sum(s.get("rollout/branches_per_prompt", 0.0) for s in steps) / len(steps),
         "seconds": seconds,
     })
     with open(done, "w") as f:
@@ -144,23 +183,25 @@ def train(args: argparse.Namespace, method: str, sft_model: str, data: str) -> d
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    args.out = os.path.abspath(args.out)
+    args.out = os.path.abspath(args.out or ("outputs/tool_demo" if args.format == "tags" else
+                                            "outputs/tool_demo_hermes"))
     os.chdir(REPO)
     sft_model, data = prepare(args)
     logs = os.path.join(args.out, "logs")
     results = {"sft_without_tool": greedy_eval(sft_model, data, os.path.join(args.out, "sft_notool.parquet"),
                                                os.path.join(logs, "sft_notool.log"), tools=False),
                "sft_with_tool": greedy_eval(sft_model, data, os.path.join(args.out, "sft_tool.parquet"),
-                                            os.path.join(logs, "sft_tool.log"))}
-    for method in METHODS:
+                                            os.path.join(logs, "sft_tool.log"), fmt=args.format)}
+    methods = FORMATS[args.format]["methods"]
+    for method in methods:
         results[method] = train(args, method, sft_model, data)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
     print(f"{'':18} {'greedy acc':>10} {'tool calls':>10} {'RL seconds':>10}")
     for name, row in results.items():
         print(f"{name:18} {row['acc']:>10.3f} {row['tool_calls']:>10.2f} {row.get('seconds', 0):>10.0f}")
-    base = results["grpo"]
-    for method in METHODS:
+    base = results[next(iter(methods))]
+    for method in methods:
         row = results[method]
         print(f"{method}: accuracy {row['acc'] - base['acc']:+.3f} vs GRPO, wall time x{row['seconds'] / base['seconds']:.2f}, "
               f"train score {row['train_score_first']:.3f} -> {row['train_score_last5']:.3f}, "

@@ -97,14 +97,14 @@ def test_arpo_trains_three_steps_with_tools_and_branches(ray_session, tool_task,
     assert check_masks(trainer, batch) > 0
 
 
-@pytest.mark.parametrize("engine", ["hf", "vllm"])
-def test_async_tool_agent_trains_with_the_seed_python_tool(ray_session, tool_task, tmp_path, engine):
+@pytest.mark.parametrize("engine, beam", [("hf", 1), ("vllm", 1), ("hf", 2)])
+def test_async_tool_agent_trains_with_the_seed_python_tool(ray_session, tool_task, tmp_path, engine, beam):
     """rollout.mode=async (verl's agent loops) with tool_agent as the default loop: every sample is its own loop,
     the seeds' <python> calls run in the sandbox through the verl-style tool adapter, results stay out of the loss;
-    on the HF engine and on vLLM."""
+    on the HF engine and on vLLM, and with ARPO's branching inside the agent loop (beam 2)."""
     model_dir, data_dir = tool_task
     trainer, history, before, after, batch = fit_trainer(
-        agentic_overrides(model_dir, data_dir, tmp_path, f"{ROLLOUT}.mode=async", f"{ROLLOUT}.beam_size=1",
+        agentic_overrides(model_dir, data_dir, tmp_path, f"{ROLLOUT}.mode=async", f"{ROLLOUT}.beam_size={beam}",
                           f"{ROLLOUT}.agent.default_agent_loop=tool_agent", f"{ROLLOUT}.name={engine}",
                           "trainer.total_training_steps=2"), model_dir, probe_step=True)
     assert [m["training/global_step"] for m in history] == [1, 2]
@@ -112,6 +112,8 @@ def test_async_tool_agent_trains_with_the_seed_python_tool(ray_session, tool_tas
         assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"])
         assert m["tools/calls_per_trajectory"] > 0 and 0 < m["tools/result_token_fraction"] < 1
         assert m["agent/rows/tool_agent"] > 0 and m["agent/engine_batches"] >= 2  # turns after tool results
+    if beam > 1:
+        assert sum(m["rollout/branches_per_prompt"] for m in history) > 0
     assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
     assert set(pd.Series(batch.non_tensor_batch["uid"]).value_counts()) == {4}
     assert check_masks(trainer, batch) > 0

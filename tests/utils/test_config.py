@@ -365,9 +365,16 @@ def test_verl_async_mode_runs_verls_agent_loops_and_plans_the_old_log_probs():
 
 
 def test_async_mode_names_what_it_cannot_do_and_what_is_missing(tmp_path):
-    with pytest.raises(ConfigError, match="ARPO's branching and AEPO's dynamic rollout run in .*mode=sync_with_tool"):
+    with pytest.raises(ConfigError, match="ARPO's branching runs tool_agent loops; set .*default_agent_loop"):
         validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.mode=async",
                                                    "actor_rollout_ref.rollout.beam_size=2"]))
+    validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.mode=async",
+                                               "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+                                               "actor_rollout_ref.rollout.beam_size=2"]))  # ARPO: fine
+    with pytest.raises(ConfigError, match="AEPO's branch penalty .* run in .*mode=sync_with_tool"):
+        validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.mode=async",
+                                                   "actor_rollout_ref.rollout.beam_size=2",
+                                                   "actor_rollout_ref.rollout.branch_rule=aepo"]))
     missing = tmp_path / "tools.yaml"
     with pytest.raises(ConfigError, match=r"multi_turn.tool_config_path='.*tools.yaml': no such file"):
         validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.mode=async",

@@ -73,3 +73,42 @@ def test_json_error_says_where():
         json.loads('{"a": 1,\n "b": }')
     assert json_error(error.value) == "Expecting value at line 2, column 7"
     assert json_error(error.value, with_line=False) == "Expecting value at column 7"
+
+
+def test_a_generative_reward_model_is_refused_with_the_judge_path_named(tiny_model_dir, tmp_path):
+    """reward_model.model.path at a causal LM (verl 0.9 serves such a generative RM from its reward loop): an error
+    that names the architecture and the served-judge reward that grades with it; a classifier passes."""
+    from verl.utils.preflight import check_scoring_head
+
+    with pytest.raises(ConfigError, match=r"reward_model.model.path=.* is a generative model \(Qwen2ForCausalLM\).*"
+                                          r"judge_reward.py"):
+        check_scoring_head(tiny_model_dir)
+    classifier = tmp_path / "rm"
+    classifier.mkdir()
+    (classifier / "config.json").write_text('{"architectures": ["Qwen2ForSequenceClassification"]}')
+    check_scoring_head(str(classifier))
+
+
+def test_the_judge_reward_grades_with_the_served_model(tmp_path):
+    """verl/utils/reward_score/judge_reward.py: the served judge decides where the rule check does not; the
+    question comes from extra_info; replies are cached in cache_path."""
+    from openai_stub import OpenAIStub
+
+    from verl.utils.reward_score import judge_reward
+
+    def reply(messages):
+        prompt = messages[-1]["content"]
+        return "Correct" if "Answer to check: forty-two" in prompt else "Incorrect"
+
+    with OpenAIStub(reply=reply) as stub:
+        kwargs = {"base_url": stub.url, "model": stub.model, "cache_path": str(tmp_path / "judge.json")}
+        info = {"question": "What is six times seven?"}
+        right = judge_reward.compute_score("qa", "<answer>\\boxed{forty-two}</answer>", "42", info, **kwargs)
+        wrong = judge_reward.compute_score("qa", "<answer>\\boxed{41}</answer>", ["42"], info, **kwargs)
+        by_rule = judge_reward.compute_score("qa", "<answer>\\boxed{42}</answer>", "42", info, **kwargs)
+        assert (right["score"], wrong["score"], by_rule["score"]) == (1.0, 0.0, 1.0)
+        assert (right["judge_status"], by_rule["judge_status"]) == ("judge_correct", "rule_equal")
+        asked = len(stub.chat_requests)
+        assert asked == 2 and "What is six times seven?" in stub.chat_requests[0]["messages"][-1]["content"]
+        judge_reward.compute_score("qa", "<answer>\\boxed{forty-two}</answer>", "42", info, **kwargs)
+        assert len(stub.chat_requests) == asked  # from the cache

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import random
+import re
 
 import pandas as pd
 
@@ -94,6 +95,31 @@ def make_tool_arithmetic_rows(n: int, split: str = "train", seed: int = 0,
         direct = f"<think>Answer now.</think>\n<answer>\\boxed{{{product}}}</answer>"
         rows.append(_row(ARITHMETIC_SOURCE, question, product, split, len(rows), tool, direct, "math"))
     return rows
+
+
+# ---------------------------------------------------------------------------------------------- hermes calculator
+# The tool-arithmetic task in verl's format (rollout.mode=async, multi_turn.format=hermes): the calculator tool of
+# configs/tools/calculator_tool.yaml, called as a hermes <tool_call>, its result a chat-template tool turn.
+HERMES_SYSTEM_PROMPT = ('Think in <think></think>; tool: calculator, called as <tool_call>{"name": "calculator", '
+                        '"arguments": {"expression": "..."}}</tool_call>; answer <answer>\\boxed{X}</answer>')
+_PYTHON_CALL = re.compile(r"<think>Use python\.</think>\n<python>print\((.*?)\)</python> <result>\n(.*?)\n</result>",
+                          re.DOTALL)
+
+
+def hermes_messages(messages: list[dict]) -> list[dict]:
+    """A task prompt with the calculator's system prompt instead of the tags' one."""
+    return [{"role": "system", "content": HERMES_SYSTEM_PROMPT}, *(m for m in messages if m["role"] != "system")]
+
+
+def hermes_calculator_response(response: str, tool_turn, eos: str) -> str:
+    """A tool-arithmetic demonstration with its python call written as a hermes calculator call: the call, the EOS
+    that ends the assistant's turn (`eos`), then `tool_turn([result], eos)` -- the tool turn and the next assistant
+    turn's opening, as the agent loop writes them (`HermesFormat.results_text`)."""
+    def call(match: re.Match) -> str:
+        arguments = json.dumps({"name": "calculator", "arguments": {"expression": match[1]}})
+        return (f"<think>Use the calculator.</think>\n<tool_call>{arguments}</tool_call>{eos}"
+                + tool_turn([match[2]], eos))
+    return _PYTHON_CALL.sub(call, response)
 
 
 # ---------------------------------------------------------------------------------------------- tiny deep search

@@ -54,6 +54,27 @@ def check_model_dir(path: str, key: str) -> None:
         raise ConfigError(f"{config_file} cannot be read ({err.strerror}); check its permissions ({key})") from err
 
 
+GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def check_scoring_head(path: str, key: str = "reward_model.model.path") -> None:
+    """The reward model scores with a one-label classification head; a checkpoint of a generative model (only
+    *ForCausalLM architectures in its config.json) would get a new, untrained head. That is an error that says how
+    Quiver runs a generative reward model instead: served, through the LLM-judge reward."""
+    with open(os.path.join(os.path.expanduser(path), "config.json")) as f:
+        architectures = json.load(f).get("architectures") or []
+    if architectures and all(name.endswith(GENERATIVE_SUFFIXES) for name in architectures):
+        raise ConfigError(
+            f"{key}={path} is a generative model ({', '.join(architectures)}): Quiver's reward model scores with a "
+            "sequence-classification head (a model such as Skywork-Reward), and this checkpoint has none, so it "
+            "would score with a new, untrained one. To grade with a generative reward model (verl 0.9's "
+            "reward_model.use_reward_loop with reward_model.rollout.*), serve it (vllm serve MODEL "
+            "--served-model-name genrm --port 8001) and set reward_model.enable=false "
+            "custom_reward_function.path=verl/utils/reward_score/judge_reward.py "
+            "+custom_reward_function.reward_kwargs.base_url=http://127.0.0.1:8001/v1 "
+            "+custom_reward_function.reward_kwargs.model=genrm")
+
+
 def load_tokenizer(path: str, key: str, trust_remote_code: bool = False) -> Any:
     """`AutoTokenizer.from_pretrained(path)` of a local directory, checked: a ConfigError naming `key` and the
     directory when it holds no tokenizer files or the tokenizer cannot be loaded, or when it has no chat template (the
@@ -116,6 +137,8 @@ def check_ppo_inputs(config: Any) -> None:
     for key, path in model_paths.items():
         if path is not None:
             check_model_dir(path, key)
+    if config.reward_model.enable and config.reward_model.model.path is not None:
+        check_scoring_head(config.reward_model.model.path)
     for key in ("rollout_data_dir", "validation_data_dir"):
         if config.trainer.get(key):
             check_writable_dir(config.trainer[key], f"trainer.{key}")

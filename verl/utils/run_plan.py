@@ -51,6 +51,7 @@ class RunPlan:
     rollout_engine: str  # hf | vllm | openai | a user's registered engine
     agent_loop: bool  # the tool loop (sync_with_tool / multi_turn)
     async_agent: bool  # verl's per-sample agent loops (mode=async): the driver hands them every data column
+    async_branching: bool  # mode=async with ARPO's branching: a prompt's n trajectories are made together
     share_cpu_engine: bool  # the ranks of the node decode through one HF engine on rank 0
     hf_static_decode: bool  # the HF engine's static decode loop (on CUDA: compiled graphs, weights kept resident)
     old_log_prob_source: str  # recompute | actor | rollout

@@ -279,7 +279,7 @@ class ActorRolloutRefWorker(Worker):
                 self.agent_loop = build_agent_loop(self.rollout, self.tokenizer, self.config.rollout, self.rank)
             self.agent_loops = None
             if plan.async_agent and engine is not None:
-                self.agent_loops = build_agent_loop_manager(self.rollout, self.tokenizer, self.config)
+                self.agent_loops = build_agent_loop_manager(self.rollout, self.tokenizer, self.config, self.rank)
             if self._is_actor:
                 self._sync_rollout_weights()
 
@@ -342,9 +342,10 @@ class ActorRolloutRefWorker(Worker):
             output = self.agent_loop.generate_sequences(
                 prompts, n=prompts.meta_info.get("n", 1), params=params, response_length=length,
                 pad_token_id=self.tokenizer.pad_token_id, branching=not prompts.meta_info.get("validate", False))
-        elif self.agent_loops is not None:
-            output = self.agent_loops.generate_sequences(prompts, params, response_length=length,
-                                                         pad_token_id=self.tokenizer.pad_token_id)
+        elif self.agent_loops is not None:  # with meta_info["n"] (ARPO's branching) a prompt's n come together
+            output = self.agent_loops.generate_sequences(
+                prompts, params, response_length=length, pad_token_id=self.tokenizer.pad_token_id,
+                n=prompts.meta_info.get("n"), branching=not prompts.meta_info.get("validate", False))
         else:
             output = generate_sequences(self.rollout, prompts, params, response_length=length,
                                         pad_token_id=self.tokenizer.pad_token_id,

@@ -378,3 +378,71 @@ def copy_of(model):
     import copy
 
     return copy.deepcopy(model)
+
+
+class EntropyEngine(ScriptedEngine):
+    """ScriptedEngine whose script returns (segment, per-token entropy)."""
+
+    def generate(self, prompt_token_ids, params):
+        params = params if isinstance(params, list) else [params] * len(prompt_token_ids)
+        entropies = {}
+        script = self.script
+
+        def text_only(prompt, response):
+            segment, entropy = script(prompt, response)
+            entropies[(prompt, response)] = entropy
+            return segment
+        self.script = text_only
+        try:
+            outputs = super().generate(prompt_token_ids, params)
+        finally:
+            self.script = script
+        for ids, (out,) in zip(prompt_token_ids, outputs):
+            prompt, _, response = TOK.decode(ids).partition("|")
+            out.entropies = [entropies[(prompt, response)]] * len(out.token_ids)
+        return outputs
+
+
+def branching_config(**rollout):
+    cfg = config()
+    cfg.rollout.agent.default_agent_loop = "tool_agent"
+    cfg.rollout.update({"beam_size": 3, "initial_rollouts": 1, "branch_probability": 1.0, "entropy_weight": 0.0,
+                        "branch_rule": "arpo", "branch_penalty": 0.05, "entropy_mode": "exact",
+                        "entropy_window": 4, "entropy_top_k": 2, "enable_dynamic_rollouts": False,
+                        "initial_entropy_tokens": 8, "dynamic_rollout_beta": 0.5, "seed": 0, **rollout})
+    return cfg
+
+
+def test_arpo_branches_inside_the_agent_loop_from_the_tool_result():
+    """mode=async with beam_size > 1: one initial tool_agent loop per prompt; the segment after its tool result
+    branches (P = 1 here) into loops that share the prefix up to the result; exactly n per prompt, in creation
+    order, with results out of the loss in every one."""
+    counter = iter(range(10_000))
+
+    def script(prompt, response):
+        if "<tool_response>" not in response:
+            return '<tool_call>{"name": "echo", "arguments": {"text": "x"}}</tool_call>$', 0.1
+        return f" answer {next(counter)}$", 0.9
+    echo = EchoTool()
+    manager = AgentLoopManager(EntropyEngine(script), TOK, branching_config(), tools={"echo": echo},
+                               call_format=build_call_format("hermes", ["echo"], TOK))
+    out = manager.generate_sequences(prompts(["q0", "q1"]), PARAMS, 400, pad_token_id=EOS, n=4, branching=True)
+    assert len(out) == 8
+    texts = response_texts(out)
+    for p in range(2):
+        group = texts[4 * p: 4 * p + 4]
+        prefix = group[0][: group[0].index("</tool_response>")]
+        assert all(t.startswith(prefix) for t in group)  # every branch continues from the tool result
+        assert len({t[len(prefix):] for t in group}) == 4  # each sampled its own continuation
+        assert all(result_spans(out, 4 * p + k) == ["\n<tool_response>\ngot x\n</tool_response>\n"] for k in range(4))
+    # One tool call per prompt: branches do not run the tool again; 1 initial + 2 branches + 1 refill per prompt.
+    assert len(echo.executed) == 2 + 2  # the refills call again
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/branches_per_prompt"] == [2.0] and metrics["rollout/refills_per_prompt"] == [1.0]
+
+
+def test_without_branching_a_group_call_runs_n_independent_loops():
+    engine = ScriptedEngine(lambda prompt, response: f"answer {prompt}$")
+    manager = AgentLoopManager(engine, TOK, branching_config(beam_size=1))
+    out = manager.generate_sequences(prompts(["a", "b"]), PARAMS, 400, pad_token_id=EOS, n=3, branching=True)
+    assert response_texts(out) == ["answer a"] * 3 + ["answer b"] * 3 and engine.calls == [6]

@@ -168,16 +168,19 @@ def check_engine(cfg: DictConfig, problems: list[str]) -> None:
 
 
 def check_agent_mode(rollout: DictConfig, problems: list[str]) -> None:
-    """ARPO/AEPO branching needs a prompt's trajectories together: the round-based tool loop of sync_with_tool,
-    not verl's per-sample loops of mode=async."""
-    if rollout.mode != "async":
+    """verl's agent loops (mode=async) carry ARPO's branching (branch_rule=arpo); AEPO's branch penalty counts
+    rounds, and its dynamic rollout probes whole prompts first: both need the round-based tool loop."""
+    if rollout.mode != "async" or (rollout.beam_size == 1 and not rollout.enable_dynamic_rollouts):
         return
     p = "actor_rollout_ref.rollout"
-    need(rollout.beam_size == 1 and not rollout.enable_dynamic_rollouts,
-         f"{p}.beam_size={rollout.beam_size} / enable_dynamic_rollouts={rollout.enable_dynamic_rollouts}: ARPO's "
-         f"branching and AEPO's dynamic rollout run in {p}.mode=sync_with_tool (a prompt's trajectories branch from "
-         f"one another); {p}.mode=async runs every sample as its own loop. Set mode=sync_with_tool, or beam_size=1",
-         problems)
+    need(rollout.branch_rule == "arpo" and not rollout.enable_dynamic_rollouts,
+         f"{p}.branch_rule={rollout.branch_rule} / enable_dynamic_rollouts={rollout.enable_dynamic_rollouts}: AEPO's "
+         f"branch penalty (over consecutive rounds) and dynamic rollout run in {p}.mode=sync_with_tool, the "
+         f"round-based tool loop; {p}.mode=async branches by ARPO's rule (branch_rule=arpo)", problems)
+    default = (rollout.get("agent") or {}).get("default_agent_loop")
+    need(rollout.beam_size == 1 or default == "tool_agent",
+         f"{p}.beam_size={rollout.beam_size} with {p}.mode=async: ARPO's branching runs tool_agent loops; set "
+         f"{p}.agent.default_agent_loop=tool_agent (it is {default})", problems)
 
 
 def validate_ppo_config(cfg: DictConfig) -> PPOTrainerConfig:

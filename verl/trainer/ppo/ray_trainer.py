@@ -237,10 +237,11 @@ class RayPPOTrainer:
     def _generate(self, gen_batch: DataProto, n: int) -> DataProto:
         """n responses per prompt from the worker group (adjacent), padding to a multiple of the number of ranks.
 
-        Plain sampling gets every prompt n times; the agent loop gets each prompt once with meta_info["n"], because
-        it makes a prompt's n trajectories together (branches of one another) on one rank.
+        Plain sampling and verl's agent loops get every prompt n times; the tool loop, and the agent loops with ARPO's
+        branching, get each prompt once with meta_info["n"]: they make a prompt's n trajectories together
+        (branches of one another) on one rank.
         """
-        if self.plan.agent_loop:
+        if self.plan.agent_loop or self.plan.async_branching:
             gen_batch.meta_info["n"] = n
             padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.n_ranks)
             return unpad_dataproto(self.actor_rollout_wg.generate_sequences(padded), pad_size * n)

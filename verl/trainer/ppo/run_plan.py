@@ -215,6 +215,7 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
         rollout_engine=engine,
         agent_loop=uses_agent_loop(rollout),
         async_agent=uses_async_agent(rollout),
+        async_branching=uses_async_agent(rollout) and rollout.beam_size > 1,
         share_cpu_engine=share_cpu_engine(rollout.share_cpu_engine, engine, device, trainer.nnodes, ranks,
                                           actor_parameters),
         hf_static_decode=engine == "hf" and uses_static_decode(rollout.static_decode, device),

@@ -30,9 +30,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import importlib
 import logging
 import os
+import random
 import threading
 import time
 import uuid
@@ -64,6 +66,7 @@ class TokenOutput:
     entropies: list[float] = field(default_factory=list)
     finish_reason: str = "length"
     stop_reason: str | int | None = None
+    top_log_probs: list[list[float]] | None = None  # with sampling_params["top_logprobs"] = k (ARPO's entropy)
     num_preempted: int | None = None
 
 
@@ -206,6 +209,7 @@ class EngineServer:
         self._pending: list[_Request] = []
         self._running = 0  # loops not finished
         self._fresh = 0  # loops that have not asked yet
+        self._holders = 0  # branching groups that may still start loops
         self.batch_sizes: list[int] = []
 
     async def generate(self, request_id: str | None = None, *, prompt_ids: list[int],
@@ -254,13 +258,22 @@ class EngineServer:
                 self._fresh -= 1
             self._cond.notify_all()
 
+    def _hold(self) -> None:
+        with self._cond:
+            self._holders += 1
+
+    def _release(self) -> None:
+        with self._cond:
+            self._holders -= 1
+            self._cond.notify_all()
+
     # ------------------------------------------------------------------ the engine's side
     def serve(self) -> None:
         """Run batches until every loop has finished (in the thread that owns the engine)."""
         first_deadline = time.monotonic() + FIRST_REQUEST_WAIT_S
         while True:
             with self._cond:
-                while not self._pending and self._running > 0:
+                while not self._pending and (self._running > 0 or self._holders > 0):
                     self._cond.wait()
                 if not self._pending:
                     return
@@ -291,7 +304,7 @@ class EngineServer:
             for r, (out, *_) in zip(requests, outputs):
                 r.future.set_result(TokenOutput(token_ids=list(out.token_ids), log_probs=list(out.log_probs),
                                                 entropies=list(out.entropies), finish_reason=out.finish_reason,
-                                                stop_reason=out.stop_reason))
+                                                stop_reason=out.stop_reason, top_log_probs=out.top_log_probs))
 
 
 # ---------------------------------------------------------------------------------------------- set-up
@@ -323,14 +336,14 @@ def call_format_name(rollout: Any) -> str:
     return "hermes" if multi_turn.get("tool_config_path") or multi_turn.get("function_tool_path") else "tags"
 
 
-def build_agent_loop_manager(engine: RolloutEngine, tokenizer, config: Any) -> AgentLoopManager:
+def build_agent_loop_manager(engine: RolloutEngine, tokenizer, config: Any, rank: int = 0) -> AgentLoopManager:
     """The agent loops of a rollout worker (mode=async): its tools, their call format and the loop registry."""
     from verl.workers.rollout.tool_formats import build_call_format
 
     rollout = config.rollout
     tools = load_agent_tools(rollout)
     call_format = build_call_format(call_format_name(rollout), list(tools), tokenizer)
-    return AgentLoopManager(engine, tokenizer, config, tools=tools, call_format=call_format)
+    return AgentLoopManager(engine, tokenizer, config, tools=tools, call_format=call_format, rank=rank)
 
 
 def check_agent_setup(rollout: Any) -> None:
@@ -359,7 +372,7 @@ class AgentLoopManager:
     """
 
     def __init__(self, engine: RolloutEngine, tokenizer, config: Any, tools: dict[str, Any] | None = None,
-                 call_format: Any = None):
+                 call_format: Any = None, rank: int = 0):
         self.engine, self.tokenizer, self.tools, self.call_format = engine, tokenizer, dict(tools or {}), call_format
         # The worker's section, resolved where it still sees the whole config (its interpolations read data.*).
         resolved = OmegaConf.to_container(config, resolve=True) if OmegaConf.is_config(config) else dict(config)
@@ -371,15 +384,32 @@ class AgentLoopManager:
         if agent.get("agent_loop_config_path"):
             load_agent_loop_config(agent.agent_loop_config_path)
         agent_loop_class(self.default_agent_loop)  # a misspelled default fails at start-up, not at the first step
+        from verl.workers.config.rollout import BranchingConfig
 
-    def generate_sequences(self, prompts, params: SamplingParams, response_length: int, pad_token_id: int):
+        self.branching = BranchingConfig.from_rollout_config(rollout)
+        self.branching.beam_size = int(self.branching.beam_size)
+        self.seed = (rollout.get("seed") or 0) + 1_000_003 * rank  # the branching draws differ across ranks
+        self.calls = 0
+
+    def generate_sequences(self, prompts, params: SamplingParams, response_length: int, pad_token_id: int,
+                           n: int | None = None, branching: bool = False):
         """One trajectory per row of `prompts` (left-padded ids; non-tensor columns are the loops' keyword
-        arguments), laid out as the trainer's rollout batch with the call's metrics in `meta_info["metrics"]`."""
+        arguments), laid out as the trainer's rollout batch with the call's metrics in `meta_info["metrics"]`.
+
+        With `n`, every row is a prompt that gets n trajectories (adjacent); with `branching` too and
+        `rollout.beam_size > 1`, a prompt's n are `tool_agent` loops that branch from one another (ARPO,
+        `_run_group`), else n independent loops."""
         start = time.perf_counter()
+        if n is not None and not (branching and self.branching.beam_size > 1):
+            prompts = prompts.repeat(repeat_times=n, interleave=True) if n > 1 else prompts
+            n = None
         rows = len(prompts)
         columns = {key: values for key, values in prompts.non_tensor_batch.items()}
-        names = [str(n) for n in columns.get("agent_name", [None] * rows)]
-        names = [self.default_agent_loop if n in ("None", "", "nan") else n for n in names]
+        names = [str(name) for name in columns.get("agent_name", [None] * rows)]
+        names = [self.default_agent_loop if name in ("None", "", "nan") else name for name in names]
+        if n is not None and set(names) != {"tool_agent"}:
+            raise ValueError(f"ARPO's branching (rollout.beam_size={self.branching.beam_size}) runs tool_agent loops; "
+                             f"the rows name {sorted(set(names))} (agent_name column or {AGENT}.default_agent_loop)")
         classes = {name: agent_loop_class(name) for name in set(names)}
         if "raw_prompt_ids" not in columns:  # loops read the prompt's ids as a column
             ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
@@ -387,30 +417,49 @@ class AgentLoopManager:
         sampling = {"temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
                     "top_k": params.top_k, "max_tokens": min(params.max_tokens, response_length)}
         server = EngineServer(self.engine, replace(params, n=1), response_length)
-        server._begin(rows)
-        results: list[AgentLoopOutput | None] = [None] * rows
         errors: dict[int, BaseException] = {}
+        self.calls += 1
 
-        async def one(i: int) -> None:
-            state = _LoopState(row=i)
-            _CURRENT_LOOP.set(state)
-            try:
-                loop = classes[names[i]](DictConfigWrap(self.trainer_config), server, self.tokenizer, None,
-                                         tools=self.tools, call_format=self.call_format)
-                kwargs = {key: values[i] for key, values in columns.items() if key != "agent_name"}
-                results[i] = await loop.run(dict(sampling), **kwargs)
-            except BaseException as err:  # reported after every loop has finished
-                errors[i] = err
-            finally:
-                server._finish(state)
+        def make_loop(name: str) -> AgentLoopBase:
+            return classes[name](DictConfigWrap(self.trainer_config), server, self.tokenizer, None, tools=self.tools,
+                                 call_format=self.call_format)
 
-        async def chunk(indices: list[int]) -> None:
-            await asyncio.gather(*(asyncio.create_task(one(i)) for i in indices))
+        def row_kwargs(i: int) -> dict[str, Any]:
+            return {key: values[i] for key, values in columns.items() if key != "agent_name"}
 
-        workers = max(1, min(self.num_workers, rows))
-        bounds = np.linspace(0, rows, workers + 1).astype(int)
-        threads = [threading.Thread(target=asyncio.run, args=(chunk(list(range(a, b))),), daemon=True,
-                                    name=f"agent-loop-{k}") for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+        if n is None:
+            results: list[AgentLoopOutput | None] = [None] * rows
+            server._begin(rows)
+
+            async def one(i: int) -> None:
+                state = _LoopState(row=i)
+                _CURRENT_LOOP.set(state)
+                try:
+                    results[i] = await make_loop(names[i]).run(dict(sampling), **row_kwargs(i))
+                except BaseException as err:  # reported after every loop has finished
+                    errors[i] = err
+                finally:
+                    server._finish(state)
+            jobs = [functools.partial(one, i) for i in range(rows)]
+            origins: list[str] = []
+        else:
+            groups: list[dict[int, AgentLoopOutput]] = [{} for _ in range(rows)]
+            origins = []
+            lock = threading.Lock()
+
+            async def one(p: int) -> None:
+                created = await self._run_group(p, n, server, make_loop, row_kwargs(p), sampling, groups[p], errors)
+                with lock:
+                    origins.extend(created[:n])
+            jobs = [functools.partial(one, p) for p in range(rows)]
+
+        async def chunk(batch: list) -> None:
+            await asyncio.gather(*(asyncio.create_task(job()) for job in batch))
+
+        workers = max(1, min(self.num_workers, len(jobs)))
+        bounds = np.linspace(0, len(jobs), workers + 1).astype(int)
+        threads = [threading.Thread(target=asyncio.run, args=(chunk(jobs[a:b]),), daemon=True, name=f"agent-loop-{k}")
+                   for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
         for thread in threads:
             thread.start()
         server.serve()
@@ -418,12 +467,75 @@ class AgentLoopManager:
             thread.join()
         if errors:
             row = min(errors)
-            raise RuntimeError(f"agent loop {names[row]!r} failed on row {row} ({len(errors)} of {rows} loops failed): "
-                               f"{type(errors[row]).__name__}: {errors[row]}") from errors[row]
+            name = names[row if n is None else row // n]
+            raise RuntimeError(f"agent loop {name!r} failed on row {row} ({len(errors)} of {rows * (n or 1)} loops "
+                               f"failed): {type(errors[row]).__name__}: {errors[row]}") from errors[row]
+        if n is not None:
+            results = [group[slot] for group in groups for slot in range(n)]
+            prompts = prompts.repeat(repeat_times=n, interleave=True)
+            names = [name for name in names for _ in range(n)]
         output = self._layout(prompts, results, response_length, pad_token_id)
-        output.meta_info["metrics"] = {key: [value] for key, value in
-                                       self._metrics(results, names, server, time.perf_counter() - start).items()}
+        metrics = self._metrics(results, names, server, time.perf_counter() - start)
+        if n is not None:
+            metrics["rollout/branches_per_prompt"] = origins.count("branch") / (len(results) / n)
+            metrics["rollout/refills_per_prompt"] = origins.count("refill") / (len(results) / n)
+        output.meta_info["metrics"] = {key: [value] for key, value in metrics.items()}
         return output
+
+    async def _run_group(self, p: int, n: int, server: EngineServer, make_loop, kwargs: dict, sampling: dict,
+                         results: dict[int, AgentLoopOutput], errors: dict[int, BaseException]) -> list[str]:
+        """ARPO inside verl's agent loop: prompt `p`'s n trajectories, as in agent_loop.py but without rounds. It
+        starts `initial_rollouts` tool_agent loops; when a segment sampled right after a tool result comes back with
+        entropy change dH, up to `beam_size - 1` branch attempts (P = clip(p + w dH, 0, 1), while the budget lasts)
+        each start a loop from the trajectory as it was at that tool result; when no loop of the prompt is left
+        running, the rest of the budget starts as fresh samples. Fills `results[slot]`; returns each slot's origin
+        (initial, branch, refill) in creation order."""
+        from verl.workers.rollout.agent_loop import attempt_branch, segment_entropy
+
+        cfg, tasks, created = self.branching, set(), []
+        rng = random.Random(f"{self.seed}/{self.calls}/{p}")
+        if cfg.entropy_mode == "topk":
+            sampling = {**sampling, "top_logprobs": cfg.entropy_top_k}
+        vocab = len(self.tokenizer)
+
+        def spawn(origin: str, trace=None) -> None:
+            slot = len(created)
+            created.append(origin)
+            server._begin(1)
+            tasks.add(asyncio.create_task(member(slot, trace)))
+
+        def on_branch_point(before, delta_h: float) -> None:
+            for _ in range(min(cfg.beam_size - 1, n - len(created))):
+                if attempt_branch(delta_h, 0, cfg, rng):
+                    branch = before.copy()
+                    branch.after_tool = False  # a branch does not branch again at the point it starts from
+                    spawn("branch", branch)
+
+        async def member(slot: int, trace) -> None:
+            state = _LoopState(row=p * (1 << 20) + slot)  # batches keep prompt, then creation, order
+            _CURRENT_LOOP.set(state)
+            try:
+                results[slot] = await make_loop("tool_agent").run(
+                    dict(sampling), **kwargs, _trace=trace, _branch_hook=on_branch_point,
+                    _entropy=lambda out: segment_entropy(out, cfg, vocab))
+            except BaseException as err:
+                errors[p * n + min(slot, n - 1)] = err
+            finally:
+                server._finish(state)
+
+        server._hold()
+        try:
+            for _ in range(min(max(cfg.initial_rollouts or n, 1), n)):
+                spawn("initial")
+            while tasks:
+                done, _ = await asyncio.wait(set(tasks))
+                tasks.difference_update(done)
+                if not tasks and len(created) < n:
+                    for _ in range(n - len(created)):
+                        spawn("refill")
+        finally:
+            server._release()
+        return created
 
     def _layout(self, prompts, results: list[AgentLoopOutput], response_length: int, pad_token_id: int):
         from verl.protocol import DataProto

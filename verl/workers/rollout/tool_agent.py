@@ -26,14 +26,47 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from verl.workers.rollout.async_agent import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, new_request_id
 from verl.workers.rollout.tool_formats import HERMES_OPEN, HermesFormat, ToolCall, truncate_result
 
 
+@dataclass
+class Trace:
+    """A trajectory under construction: its response so far (mask 1 on sampled tokens, 0 on tool output) and
+    counters. `h_init` is its first segment's entropy (ARPO); a branch copies a trace up to a tool result."""
+
+    response: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    assistant_turns: int = 0
+    user_turns: int = 0
+    calls: int = 0
+    reward: float = 0.0
+    h_init: float | None = None
+    after_tool: bool = False
+
+    def copy(self) -> Trace:
+        return replace(self, response=list(self.response), mask=list(self.mask), log_probs=list(self.log_probs),
+                       entropies=list(self.entropies))
+
+    def extend(self, tokens: list[int], log_probs: list[float], entropies: list[float], mask: int) -> None:
+        self.response += tokens
+        self.mask += [mask] * len(tokens)
+        self.log_probs += log_probs
+        self.entropies += entropies
+
+
 class ToolAgentLoop(AgentLoopBase):
-    """See the module docstring. `call_format`: a `TagFormat` or `HermesFormat` built for the tools."""
+    """See the module docstring. `call_format`: a `TagFormat` or `HermesFormat` built for the tools.
+
+    With ARPO's branching (the manager passes `_branch_hook` and `_entropy`), each segment sampled right after a tool
+    result reports (the trace as it was before that segment, dH) to the hook, which may start branches from there;
+    `_trace` starts a loop from such a copy."""
 
     def __init__(self, trainer_config: Any, server_manager, tokenizer, processor=None, **kwargs: Any):
         super().__init__(trainer_config, server_manager, tokenizer, processor, **kwargs)
@@ -50,64 +83,66 @@ class ToolAgentLoop(AgentLoopBase):
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        trace: Trace = kwargs.pop("_trace", None) or Trace()
+        branch_hook: Callable[[Trace, float], None] | None = kwargs.pop("_branch_hook", None)
+        entropy: Callable[[Any], float] | None = kwargs.pop("_entropy", None)
         prompt_ids = await self._prompt_ids(kwargs)
         tools_kwargs = dict(kwargs.get("tools_kwargs") or {})
-        response: list[int] = []
-        mask: list[int] = []
-        log_probs: list[float] = []
-        entropies: list[float] = []
         instances: dict[str, str] = {}
         metrics = AgentLoopMetrics()
-        assistant_turns = user_turns = calls_made = 0
-        reward = 0.0
         finish, stop_reason = "length", None
         try:
-            while len(response) < self.response_length:
-                params = dict(sampling_params, max_tokens=self.response_length - len(response))
+            while len(trace.response) < self.response_length:
+                params = dict(sampling_params, max_tokens=self.response_length - len(trace.response))
                 if self.tools and self.format is not None and self.format.stop_strings \
                         and not isinstance(self.format, HermesFormat):
                     params["stop"] = list(self.server_manager.base.stop or []) + list(self.format.stop_strings)
+                before = trace.copy() if branch_hook is not None and trace.after_tool else None
                 start = time.perf_counter()
-                out = await self.server_manager.generate(new_request_id(), prompt_ids=prompt_ids + response,
+                out = await self.server_manager.generate(new_request_id(), prompt_ids=prompt_ids + trace.response,
                                                          sampling_params=params)
                 metrics.generate_sequences += time.perf_counter() - start
-                response += out.token_ids
-                mask += [1] * len(out.token_ids)
-                log_probs += out.log_probs
-                entropies += out.entropies or [0.0] * len(out.token_ids)
-                assistant_turns += 1
+                trace.extend(out.token_ids, out.log_probs, out.entropies or [0.0] * len(out.token_ids), mask=1)
+                trace.assistant_turns += 1
                 finish, stop_reason = out.finish_reason, out.stop_reason
-                if len(response) >= self.response_length:
+                if entropy is not None:
+                    h = entropy(out)
+                    if trace.h_init is None:
+                        trace.h_init = h
+                    elif before is not None:
+                        branch_hook(before, h - trace.h_init)
+                trace.after_tool = False
+                if len(trace.response) >= self.response_length:
                     finish = "length"
                     break
                 calls = self._calls(out) if self.tools else []
-                if not calls or self._turns_spent(assistant_turns, user_turns):
+                if not calls or self._turns_spent(trace.assistant_turns, trace.user_turns):
                     break
                 calls = calls[: self.max_parallel_calls]
                 start = time.perf_counter()
                 results = await asyncio.gather(*(self._call(call, instances, tools_kwargs) for call in calls))
                 metrics.tool_calls += time.perf_counter() - start
-                calls_made += len(calls)
-                reward += sum(step for _, step in results)
+                trace.calls += len(calls)
+                trace.reward += sum(step for _, step in results)
                 texts = [truncate_result(text, self.max_result_chars, self.truncate_side) for text, _ in results]
                 closed_by = (self.tokenizer.decode(out.token_ids[-1:]) if out.token_ids
                              and out.token_ids[-1] in self.eos_ids else None)
                 ids = self.tokenizer.encode(self.format.results_text(texts, closed_by), add_special_tokens=False)
-                room = self.response_length - len(response)
-                response += ids[:room]
-                mask += [0] * min(len(ids), room)
-                log_probs += [0.0] * min(len(ids), room)
-                entropies += [0.0] * min(len(ids), room)
-                user_turns += 1
-                finish = "length" if len(ids) >= room else "tool"
+                room = self.response_length - len(trace.response)
+                kept = ids[:room]
+                trace.extend(kept, [0.0] * len(kept), [0.0] * len(kept), mask=0)
+                trace.user_turns += 1
+                trace.after_tool = len(ids) < room
+                finish = "tool" if trace.after_tool else "length"
         finally:
-            reward += await self._close(instances, tools_kwargs)
+            trace.reward += await self._close(instances, tools_kwargs)
+        n = self.response_length
         return AgentLoopOutput(
-            prompt_ids=prompt_ids, response_ids=response[: self.response_length],
-            response_mask=mask[: self.response_length], response_logprobs=log_probs[: self.response_length],
-            num_turns=1 + assistant_turns + user_turns, metrics=metrics,
-            extra_fields={"response_entropies": entropies[: self.response_length], "finish_reason": finish,
-                          "stop_reason": stop_reason, "tool_calls": calls_made, "tool_rewards": reward})
+            prompt_ids=prompt_ids, response_ids=trace.response[:n], response_mask=trace.mask[:n],
+            response_logprobs=trace.log_probs[:n], num_turns=1 + trace.assistant_turns + trace.user_turns,
+            metrics=metrics,
+            extra_fields={"response_entropies": trace.entropies[:n], "finish_reason": finish,
+                          "stop_reason": stop_reason, "tool_calls": trace.calls, "tool_rewards": trace.reward})
 
     # ------------------------------------------------------------------------------------------ pieces
     async def _prompt_ids(self, row: dict[str, Any]) -> list[int]:
