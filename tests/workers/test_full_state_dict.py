@@ -17,12 +17,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, results):
+def _rank(rank: int, world: int, port: int, results, bucket_bytes: int):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from verl.utils.fsdp_utils import shard_model
+    from verl.workers import fsdp_workers
     from verl.workers.fsdp_workers import full_state_dict_items, gather_state_dict_into
+
+    fsdp_workers.BUCKET_BYTES = bucket_bytes
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -67,10 +70,11 @@ def _rank(rank: int, world: int, port: int, results):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [3])
-def test_bucketed_gather_equals_the_unsharded_weights(world):
+@pytest.mark.parametrize("bucket_bytes", [32 << 20, 400])  # buckets of every run of tensors; of the biases only
+def test_bucketed_gather_equals_the_unsharded_weights(bucket_bytes):
+    world = 3
     results = mp.Manager().dict()
-    mp.spawn(_rank, args=(world, _free_port(), results), nprocs=world, join=True)
+    mp.spawn(_rank, args=(world, _free_port(), results, bucket_bytes), nprocs=world, join=True)
     assert dict(results) == {rank: "ok" for rank in range(world)}
 
 

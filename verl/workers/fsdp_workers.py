@@ -55,16 +55,25 @@ def gather_state_dict_into(module: torch.nn.Module, targets: dict[str, torch.Ten
                            dst: int | None = None) -> set[str]:
     """Write the full value of every parameter and buffer of an FSDP2 `module` into `targets[name]`; returns the
     names written. A dim-0-sharded tensor whose rows split evenly over the ranks is gathered straight into its
-    target (one collective per tensor, no full-size temporary); others go through `full_tensor()`. Tied weights
-    (one parameter under two names) are gathered once. A collective: every rank calls it.
+    target (one collective per tensor, no full-size temporary), or, below BUCKET_BYTES, together with its
+    neighbours in one collective (`_gather_bucket`: a small model's push is then a few collectives, not one per
+    tensor); others go through `full_tensor()`. Tied weights (one parameter under two names) are gathered once.
+    A collective: every rank calls it, and every rank makes the same choices (they depend on shapes alone).
 
     dst: None = every rank has `targets` and receives every tensor; a rank = only that rank has `targets` (the others
     pass None and only send their shards).
     """
-    written, gathered = set(), {}
+    written, gathered, ties = set(), {}, []
+    bucket: list[tuple[DTensor, torch.Tensor | None]] = []
     receives = dst is None or dist.get_rank() == dst
     if receives and targets is None:
         raise ValueError("gather_state_dict_into: a receiving rank needs targets")
+
+    def flush() -> None:
+        if bucket:
+            _gather_bucket(bucket, dst, receives)
+            bucket.clear()
+
     with torch.no_grad():
         for name, tensor in module.state_dict().items():
             target = targets.get(name) if receives else None
@@ -77,21 +86,68 @@ def gather_state_dict_into(module: torch.nn.Module, targets: dict[str, torch.Ten
                 written.add(name)
             source = tensor.to_local() if isinstance(tensor, DTensor) else tensor
             key = (source.data_ptr(), tuple(tensor.shape)) if source.numel() else name
-            if key in gathered:  # a tied weight: gathered already; copy unless the engine ties it too
+            if key in gathered:  # a tied weight: gathered already; copied once every gather is done
                 first = gathered[key]
                 if receives and first is not None and target.data_ptr() != first.data_ptr():
-                    target.copy_(first)
+                    ties.append((target, first))
                 continue
             gathered[key] = target
-            _gather_one(tensor, target, dst)
+            if _bucketable(tensor):
+                if bucket and (bucket[0][0].device_mesh is not tensor.device_mesh
+                               or bucket[0][0].dtype != tensor.dtype
+                               or _bytes(bucket) + _bytes([(tensor, None)]) > BUCKET_BYTES):
+                    flush()
+                bucket.append((tensor, target))
+            else:
+                flush()
+                _gather_one(tensor, target, dst)
+        flush()
+        for target, first in ties:
+            target.copy_(first)
     return written
+
+
+# Tensors of at most this many bytes (summed over the ranks) are gathered in buckets of this size.
+BUCKET_BYTES = 32 << 20
+
+
+def _even_dim0(tensor: torch.Tensor) -> bool:
+    return (isinstance(tensor, DTensor) and _is_dim0_sharded(tensor)
+            and tensor.shape[0] % tensor.device_mesh.size() == 0)
+
+
+def _bucketable(tensor: torch.Tensor) -> bool:
+    return _even_dim0(tensor) and tensor.numel() * tensor.element_size() <= BUCKET_BYTES
+
+
+def _bytes(items: list[tuple[torch.Tensor, torch.Tensor | None]]) -> int:
+    return sum(t.numel() * t.element_size() for t, _ in items)
+
+
+def _gather_bucket(bucket: list[tuple[DTensor, torch.Tensor | None]], dst: int | None, receives: bool) -> None:
+    """Gather several evenly dim-0-sharded tensors of one mesh and dtype with one collective: each rank sends its
+    shards back to back, and rank r's slice of the result holds rank r's shard of every tensor."""
+    group = bucket[0][0].device_mesh.get_group()
+    world = dist.get_world_size(group)
+    shards = [tensor.to_local().detach().reshape(-1) for tensor, _ in bucket]
+    local = torch.cat(shards)
+    out = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device) if receives else None
+    if dst is None:
+        _all_gather_single(out, local, group=group)
+    else:
+        dist.gather(local, list(out.chunk(world)) if receives else None, dst=dst, group=group)
+    if not receives:
+        return
+    rows, offset = out.view(world, local.numel()), 0
+    for (_, target), shard in zip(bucket, shards):
+        target.copy_(rows[:, offset:offset + shard.numel()].reshape(target.shape))
+        offset += shard.numel()
 
 
 def _gather_one(tensor: torch.Tensor, target: torch.Tensor | None, dst: int | None) -> None:
     """The full value of `tensor` into `target` (on `dst` only, or on every rank when dst is None). Which collective
     runs depends on `tensor` alone, so that every rank takes the same path."""
-    if not (isinstance(tensor, DTensor) and _is_dim0_sharded(tensor)
-            and tensor.shape[0] % tensor.device_mesh.size() == 0):
+    if not _even_dim0(tensor):
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
         if target is not None:
             target.copy_(full)

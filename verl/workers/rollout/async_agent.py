@@ -39,6 +39,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -268,13 +269,15 @@ class EngineServer:
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ the engine's side
-    def serve(self) -> None:
-        """Run batches until every loop has finished (in the thread that owns the engine)."""
+    def serve(self, alive: Callable[[], bool] = lambda: True) -> None:
+        """Run batches until every loop has finished (in the thread that owns the engine), or until `alive()` says
+        the threads running the loops are gone (a crash outside any loop: nothing would ask again)."""
         first_deadline = time.monotonic() + FIRST_REQUEST_WAIT_S
         while True:
             with self._cond:
                 while not self._pending and (self._running > 0 or self._holders > 0):
-                    self._cond.wait()
+                    if not self._cond.wait(timeout=1.0) and not alive():
+                        return
                 if not self._pending:
                     return
                 while len(self._pending) < self._running:
@@ -448,10 +451,18 @@ class AgentLoopManager:
             lock = threading.Lock()
 
             async def one(p: int) -> None:
-                created = await self._run_group(p, n, server, make_loop, row_kwargs(p), sampling, groups[p], errors)
-                with lock:
-                    origins.extend(created[:n])
+                try:
+                    created = await self._run_group(p, n, server, make_loop, row_kwargs(p), sampling, groups[p],
+                                                    errors)
+                    with lock:
+                        origins.extend(created[:n])
+                except BaseException as err:
+                    errors[p * n] = err
+                finally:
+                    server._release()  # the hold taken below, before the threads started
             jobs = [functools.partial(one, p) for p in range(rows)]
+            for _ in jobs:  # the server keeps serving while a group may still start loops
+                server._hold()
 
         async def chunk(batch: list) -> None:
             await asyncio.gather(*(asyncio.create_task(job()) for job in batch))
@@ -462,9 +473,12 @@ class AgentLoopManager:
                    for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
         for thread in threads:
             thread.start()
-        server.serve()
+        server.serve(alive=lambda: any(thread.is_alive() for thread in threads))
         for thread in threads:
             thread.join()
+        missing = [i for i, r in enumerate(results if n is None else [g.get(0) for g in groups]) if r is None]
+        if missing and not errors:
+            raise RuntimeError(f"agent loops of rows {missing[:5]} ended without a result (their thread stopped)")
         if errors:
             row = min(errors)
             name = names[row if n is None else row // n]
@@ -523,18 +537,14 @@ class AgentLoopManager:
             finally:
                 server._finish(state)
 
-        server._hold()
-        try:
-            for _ in range(min(max(cfg.initial_rollouts or n, 1), n)):
-                spawn("initial")
-            while tasks:
-                done, _ = await asyncio.wait(set(tasks))
-                tasks.difference_update(done)
-                if not tasks and len(created) < n:
-                    for _ in range(n - len(created)):
-                        spawn("refill")
-        finally:
-            server._release()
+        for _ in range(min(max(cfg.initial_rollouts or n, 1), n)):
+            spawn("initial")
+        while tasks:
+            done, _ = await asyncio.wait(set(tasks))
+            tasks.difference_update(done)
+            if not tasks and len(created) < n:
+                for _ in range(n - len(created)):
+                    spawn("refill")
         return created
 
     def _layout(self, prompts, results: list[AgentLoopOutput], response_length: int, pad_token_id: int):
