@@ -41,7 +41,9 @@ METHODS = {
     "arpo": [f"{ROLLOUT}.beam_size=2", f"{ROLLOUT}.initial_rollouts=HALF", f"{ROLLOUT}.branch_probability=0.5",
              f"{ROLLOUT}.entropy_weight=0.2"],
 }
-PROMPT_LENGTH, RESPONSE_LENGTH = 160, 128
+PROMPT_LENGTH = 160
+# Response tokens: a hermes call (JSON) and its tool turn take about 60 more than a <python> call and its result.
+RESPONSE_LENGTH = {"tags": 128, "hermes": 192}
 CALCULATOR = os.path.join(REPO, "configs", "tools", "calculator_tool.yaml")
 # Per --format: the RL rollout's overrides (under actor_rollout_ref.rollout / rollout), the methods compared.
 FORMATS = {
@@ -132,7 +134,7 @@ def greedy_eval(model_dir: str, data: str, out_path: str, log: str, tools: bool 
     """Greedy pass@1 on the test split, with the tool (the agent loop of `fmt`) or without it."""
     agent = [f"rollout.{o}" if o[0] != "+" else f"+rollout.{o[1:]}" for o in FORMATS[fmt]["rollout"]] if tools else []
     run([sys.executable, "-m", "verl.trainer.main_generation", f"model.path={model_dir}",
-         f"data.path={data}/test.parquet", "trainer.device=cpu", f"rollout.response_length={RESPONSE_LENGTH}",
+         f"data.path={data}/test.parquet", "trainer.device=cpu", f"rollout.response_length={RESPONSE_LENGTH[fmt]}",
          f"rollout.prompt_length={PROMPT_LENGTH}", "data.n_samples=1", "rollout.do_sample=false",
          f"data.output_path={out_path}", *agent], log, threads=1)
     with open(out_path.removesuffix(".parquet") + ".metrics.json") as f:
@@ -153,7 +155,7 @@ def train(args: argparse.Namespace, method: str, sft_model: str, data: str) -> d
     run([sys.executable, "-m", "verl.trainer.main_ppo", f"actor_rollout_ref.model.path={sft_model}",
          f"data.train_files={data}/train.parquet", f"data.val_files={data}/test.parquet",
          f"data.train_batch_size={args.prompts}", f"data.max_prompt_length={PROMPT_LENGTH}",
-         f"data.max_response_length={RESPONSE_LENGTH}", f"data.seed={args.seed}", "algorithm.adv_estimator=grpo",
+         f"data.max_response_length={RESPONSE_LENGTH[args.format]}", f"data.seed={args.seed}", "algorithm.adv_estimator=grpo",
          f"{ROLLOUT}.n={args.n}", *rollout,
          f"{ACTOR}.ppo_mini_batch_size={args.prompts // 2}", f"{ACTOR}.optim.lr={args.lr}",
          f"{ACTOR}.use_kl_loss=false", f"{ACTOR}.entropy_coeff=0",
