@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--test-size", type=int, default=128)
+    parser.add_argument("--eval-samples", type=int, default=4, help="samples per held-out prompt of the sampled eval")
     parser.add_argument("--digits", type=int, nargs=2, default=[3, 2], help="digits of the two factors")
     parser.add_argument("--hidden-size", type=int, default=192, help="of the demo model (128 does not learn to copy "
                         "the numbers into the tool call and back)")
@@ -130,15 +131,20 @@ def to_hermes(model: str, data: str) -> None:
 
 
 def greedy_eval(model_dir: str, data: str, out_path: str, log: str, tools: bool = True,
-                fmt: str = "tags") -> dict[str, float]:
-    """Greedy pass@1 on the test split, with the tool (the agent loop of `fmt`) or without it."""
+                fmt: str = "tags", samples: int = 1) -> dict[str, float]:
+    """Greedy pass@1 on the test split, with the tool (the agent loop of `fmt`) or without it; with `samples` > 1
+    instead the mean reward of that many samples per prompt at temperature 1 (avg@k: what the policy earns as it
+    samples, which RL moves before it moves the greedy answer)."""
     agent = [f"rollout.{o}" if o[0] != "+" else f"+rollout.{o[1:]}" for o in FORMATS[fmt]["rollout"]] if tools else []
+    sampling = (["data.n_samples=1", "rollout.do_sample=false"] if samples == 1 else
+                [f"data.n_samples={samples}", "rollout.do_sample=true", "rollout.temperature=1.0", "rollout.seed=1"])
     run([sys.executable, "-m", "verl.trainer.main_generation", f"model.path={model_dir}",
          f"data.path={data}/test.parquet", "trainer.device=cpu", f"rollout.response_length={RESPONSE_LENGTH[fmt]}",
-         f"rollout.prompt_length={PROMPT_LENGTH}", "data.n_samples=1", "rollout.do_sample=false",
-         f"data.output_path={out_path}", *agent], log, threads=1)
+         f"rollout.prompt_length={PROMPT_LENGTH}", *sampling, f"data.output_path={out_path}", *agent], log, threads=1)
     with open(out_path.removesuffix(".parquet") + ".metrics.json") as f:
         row = json.load(f)["all"]
+    if samples > 1:
+        return {f"sampled_avg@{samples}": row[f"avg@{samples}"]}
     return {"acc": row["pass@1"], "tool_calls": row.get("tool_calls_per_response", 0.0)}
 
 
@@ -195,13 +201,21 @@ def main(argv: list[str] | None = None) -> None:
                "sft_with_tool": greedy_eval(sft_model, data, os.path.join(args.out, "sft_tool.parquet"),
                                             os.path.join(logs, "sft_tool.log"), fmt=args.format)}
     methods = FORMATS[args.format]["methods"]
+    models = {"sft_with_tool": sft_model}
     for method in methods:
         results[method] = train(args, method, sft_model, data)
+        models[method] = os.path.join(args.out, f"rl_{method}", "merged")
+    key = f"sampled_avg@{args.eval_samples}"
+    for name, model_dir in models.items():  # the held-out reward as the policy samples
+        results[name].update(greedy_eval(model_dir, data, os.path.join(args.out, f"{name}_sampled.parquet"),
+                                         os.path.join(logs, f"{name}_sampled.log"), fmt=args.format,
+                                         samples=args.eval_samples))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
-    print(f"{'':18} {'greedy acc':>10} {'tool calls':>10} {'RL seconds':>10}")
+    print(f"{'':18} {'greedy acc':>10} {key:>16} {'tool calls':>10} {'RL seconds':>10}")
     for name, row in results.items():
-        print(f"{name:18} {row['acc']:>10.3f} {row['tool_calls']:>10.2f} {row.get('seconds', 0):>10.0f}")
+        sampled = f"{row[key]:>16.3f}" if key in row else f"{'':>16}"
+        print(f"{name:18} {row['acc']:>10.3f} {sampled} {row['tool_calls']:>10.2f} {row.get('seconds', 0):>10.0f}")
     base = results[next(iter(methods))]
     for method in methods:
         row = results[method]
