@@ -149,6 +149,24 @@ def test_top_k_1_equals_greedy(model):
         torch.testing.assert_close(torch.tensor(t.log_probs), torch.tensor(g.log_probs))
 
 
+def test_sampling_from_probs_follows_the_distribution_and_never_draws_zero_mass():
+    """`sample_from_probs` (inverse CDF, one uniform per row): the frequencies of 200k draws match the probabilities
+    within 4 standard errors; tokens of zero mass -- also at the start and end of the vocabulary -- never come."""
+    from verl.workers.rollout.hf_rollout import sample_from_probs
+
+    probs = torch.tensor([[0.0, 0.1, 0.0, 0.2, 0.7, 0.0], [0.5, 0.0, 0.0, 0.0, 0.0, 0.5]])
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_from_probs(probs, generator) for _ in range(100_000)])  # (draws, rows)
+    for row in range(2):
+        freq = torch.bincount(draws[:, row], minlength=6).double() / len(draws)
+        stderr = (probs[row].double() * (1 - probs[row].double()) / len(draws)).sqrt()
+        assert torch.all((freq - probs[row]).abs() <= 4 * stderr + 1e-12), (row, freq)
+        assert torch.all(freq[probs[row] == 0] == 0)
+    one_hot = torch.zeros(3, 50)
+    one_hot[0, 0], one_hot[1, 49], one_hot[2, 7] = 1.0, 1.0, 1.0
+    assert sample_from_probs(one_hot, generator).tolist() == [0, 49, 7]
+
+
 def test_top_k_top_p_filter():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = lambda out: torch.isfinite(out)[0].tolist()  # noqa: E731
