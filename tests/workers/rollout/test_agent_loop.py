@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from scripted_engine import TOK, ScriptedEngine
 
 from verl.protocol import DataProto
 from verl.workers.rollout.agent_loop import (
@@ -19,67 +20,7 @@ from verl.workers.rollout.agent_loop import (
     dynamic_initial_rollouts,
     segment_entropy,
 )
-from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams
-
-EOS = 0
-
-
-class CharTokenizer:
-    """One token per character (code point + 1); 0 is EOS."""
-
-    eos_token_id = EOS
-
-    def __len__(self):
-        return 300
-
-    def encode(self, text, add_special_tokens=False):
-        return [ord(c) + 1 for c in text]
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(i - 1) for i in ids if i != EOS)
-
-
-TOK = CharTokenizer()
-
-
-class ScriptedEngine(RolloutEngine):
-    """Answers with `script(prompt_text, response_text) -> (segment text, per-token entropy)`; a segment ending in
-    a stop string finishes with that stop reason, one ending in "$" finishes with EOS; max_tokens truncates."""
-
-    def __init__(self, script):
-        self.script = script
-        self.requests = []
-
-    def generate(self, prompt_token_ids, params):
-        params = params if isinstance(params, list) else [params] * len(prompt_token_ids)
-        outputs = []
-        for ids, p in zip(prompt_token_ids, params):
-            self.requests.append((list(ids), p))
-            text = TOK.decode(ids)
-            prompt, _, response = text.partition("|")
-            segment, entropy = self.script(prompt, response)
-            finish, stop = "stop", None
-            if segment.endswith("$"):
-                tokens = TOK.encode(segment[:-1]) + [EOS]
-            else:
-                tokens = TOK.encode(segment)
-                stop = next((s for s in p.stop or () if segment.endswith(s)), None)
-                finish = "stop" if stop else "length"
-            if len(tokens) > p.max_tokens:
-                tokens, finish, stop = tokens[: p.max_tokens], "length", None
-            top = [[math.log(0.5), math.log(0.5)]] * len(tokens) if p.logprobs else None
-            outputs.append([CompletionOutput(tokens, [-0.1] * len(tokens), [entropy] * len(tokens), finish, stop,
-                                             top)])
-        return outputs
-
-    def update_weights(self, named_tensors):
-        pass
-
-    def sleep(self):
-        pass
-
-    def wake_up(self):
-        pass
+from verl.workers.rollout.base import CompletionOutput, SamplingParams
 
 
 @dataclass

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import threading
 
 import pytest
 import torch
 from omegaconf import OmegaConf
+from scripted_engine import EOS, TOK, ScriptedEngine
 
 from verl.protocol import DataProto
 from verl.workers.rollout.async_agent import (
@@ -19,66 +19,8 @@ from verl.workers.rollout.async_agent import (
     AgentLoopOutput,
     register,
 )
-from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams
+from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.tool_formats import TAG_RESULT, build_call_format
-
-EOS = 0
-
-
-class CharTokenizer:
-    """One token per character (code point + 1); 0 is EOS."""
-
-    eos_token_id = EOS
-    pad_token_id = EOS
-
-    def __len__(self):
-        return 300
-
-    def encode(self, text, add_special_tokens=False):
-        return [ord(c) + 1 for c in text]
-
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(chr(i - 1) for i in ids if i != EOS)
-
-
-TOK = CharTokenizer()
-
-
-class ScriptedEngine(RolloutEngine):
-    """`script(prompt, response) -> segment`: the text after the prompt's "|" is the response so far; a segment
-    ending in "$" ends with EOS, one ending in a stop string stops there. Records every engine call's size."""
-
-    def __init__(self, script):
-        self.script, self.calls, self.lock = script, [], threading.Lock()
-
-    def generate(self, prompt_token_ids, params):
-        params = params if isinstance(params, list) else [params] * len(prompt_token_ids)
-        with self.lock:
-            self.calls.append(len(prompt_token_ids))
-        outputs = []
-        for ids, p in zip(prompt_token_ids, params):
-            prompt, _, response = TOK.decode(ids).partition("|")
-            segment = self.script(prompt, response)
-            finish, stop = "stop", None
-            if segment.endswith("$"):
-                tokens = TOK.encode(segment[:-1]) + [EOS]
-            else:
-                tokens = TOK.encode(segment)
-                stop = next((s for s in p.stop or () if segment.endswith(s)), None)
-                finish = "stop" if stop else "length"
-            if len(tokens) > p.max_tokens:
-                tokens, finish, stop = tokens[: p.max_tokens], "length", None
-            outputs.append([CompletionOutput(tokens, [-0.5] * len(tokens), [0.25] * len(tokens), finish, stop)])
-        return outputs
-
-    def update_weights(self, named_tensors):
-        pass
-
-    def sleep(self):
-        pass
-
-    def wake_up(self):
-        pass
 
 
 class Response:
@@ -380,29 +322,6 @@ def copy_of(model):
     return copy.deepcopy(model)
 
 
-class EntropyEngine(ScriptedEngine):
-    """ScriptedEngine whose script returns (segment, per-token entropy)."""
-
-    def generate(self, prompt_token_ids, params):
-        params = params if isinstance(params, list) else [params] * len(prompt_token_ids)
-        entropies = {}
-        script = self.script
-
-        def text_only(prompt, response):
-            segment, entropy = script(prompt, response)
-            entropies[(prompt, response)] = entropy
-            return segment
-        self.script = text_only
-        try:
-            outputs = super().generate(prompt_token_ids, params)
-        finally:
-            self.script = script
-        for ids, (out,) in zip(prompt_token_ids, outputs):
-            prompt, _, response = TOK.decode(ids).partition("|")
-            out.entropies = [entropies[(prompt, response)]] * len(out.token_ids)
-        return outputs
-
-
 def branching_config(**rollout):
     cfg = config()
     cfg.rollout.agent.default_agent_loop = "tool_agent"
@@ -424,7 +343,7 @@ def test_arpo_branches_inside_the_agent_loop_from_the_tool_result():
             return '<tool_call>{"name": "echo", "arguments": {"text": "x"}}</tool_call>$', 0.1
         return f" answer {next(counter)}$", 0.9
     echo = EchoTool()
-    manager = AgentLoopManager(EntropyEngine(script), TOK, branching_config(), tools={"echo": echo},
+    manager = AgentLoopManager(ScriptedEngine(script), TOK, branching_config(), tools={"echo": echo},
                                call_format=build_call_format("hermes", ["echo"], TOK))
     out = manager.generate_sequences(prompts(["q0", "q1"]), PARAMS, 400, pad_token_id=EOS, n=4, branching=True)
     assert len(out) == 8
