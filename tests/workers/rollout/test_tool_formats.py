@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_agent_loop import PARAMS, TOK, FakeTools, ScriptedEngine, prompts_for
+from scripted_engine import TOK, ScriptedEngine
+from test_agent_loop import PARAMS, FakeTools, prompts_for
 
 from verl.workers.rollout.agent_loop import AgentLoop, BranchingConfig
 from verl.workers.rollout.tool_formats import HERMES_PLAIN_RESULT, HermesFormat, TagFormat, build_call_format
