@@ -166,7 +166,7 @@ def test_hermes_tool_calls_train_through_the_chat_template(ray_session, tool_tas
 
     from verl.workers.rollout.tool_formats import HermesFormat
 
-    _, data_dir = tool_task
+    tags_model, data_dir = tool_task
     write_result = HermesFormat(["python"], AutoTokenizer.from_pretrained(tiny_model_dir)).result_text
 
     def hermes(response: str) -> str:
@@ -179,7 +179,9 @@ def test_hermes_tool_calls_train_through_the_chat_template(ray_session, tool_tas
     conversations = [(list(p), hermes(info["response"])) for p, info in zip(train["prompt"], train["extra_info"])]
     assert sum("<tool_call>" in r for _, r in conversations) > 0
     model_dir = str(tmp_path / "hermes_model")
-    prime_model(tiny_model_dir, model_dir, conversations, steps=100)
+    # From the model primed on the tags' demonstrations: it knows when to call; 100 steps teach it the hermes syntax
+    # (from the bare tiny model it wrote a well-formed call in about 1 of 8 trajectories, and some steps had none).
+    prime_model(tags_model, model_dir, conversations, steps=100)
     trainer, history, before, after, batch = fit_trainer(
         agentic_overrides(model_dir, data_dir, tmp_path / "run", f"{ROLLOUT}.multi_turn.format=hermes",
                           f"{ROLLOUT}.beam_size=1", "trainer.total_training_steps=2"), model_dir, probe_step=True)
