@@ -147,3 +147,14 @@ def test_resource_check_names_the_config_keys(ray_session, use_gpu):
     with pytest.raises(RuntimeError, match=r"trainer\.nnodes.*trainer\.n_gpus_per_node") as err:
         pool.get_placement_groups()
     assert ("1 GPUs" if use_gpu else "64 CPUs") in str(err.value)
+
+
+def test_free_ports_come_from_below_the_ephemeral_range():
+    """The rendezvous port is picked where the kernel does not hand out ports to outgoing connections on its own."""
+    from verl.single_controller.base.worker import PORT_RANGE_START, _ephemeral_range_start, find_free_port
+
+    low = _ephemeral_range_start()
+    ports = {find_free_port() for _ in range(20)}
+    if low - PORT_RANGE_START >= 1000:
+        assert all(PORT_RANGE_START <= port < low for port in ports)
+    assert len(ports) > 1  # random, so two groups starting together rarely pick the same one

@@ -3,16 +3,42 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 
 # torch.distributed backend per device; on CUDA, gloo stays available so CPU tensors can be reduced too.
 BACKENDS = {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl"}
 
 
+# Ports are picked from here up to the start of the kernel's ephemeral range (Ray's worker ports end at 19999).
+PORT_RANGE_START = 20000
+
+
 def find_free_port() -> int:
+    """A TCP port that is free right now, picked at random below the kernel's ephemeral range where possible. The
+    kernel hands ephemeral ports to outgoing connections on its own, so a port taken from there (bind to port 0)
+    can be in use by the time rank 0 listens on it: a test run saw gloo's rendezvous fail with EADDRINUSE that way."""
+    low = _ephemeral_range_start()
+    rng = random.Random()
+    for _ in range(64):
+        port = rng.randrange(PORT_RANGE_START, low) if low - PORT_RANGE_START >= 1000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_range_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def get_node_ip_and_free_port() -> tuple[str, int]:

@@ -162,7 +162,15 @@ class RayPPOTrainer:
         """One resource pool of nnodes x n_gpus_per_node ranks, one worker group holding actor/rollout(/ref), and
         on the same ranks a group for the critic and one for the reward model when the run has them (each rank's
         bundle then holds one process per group). Every worker imports `trainer.plugins` as the driver did."""
+        try:
+            self._init_workers()
+        except BaseException:  # what started is stopped, and the pool's resources are Ray's again
+            self.shutdown()
+            raise
+
+    def _init_workers(self):
         cfg, plan = self.config, self.plan
+        self.actor_rollout_wg = self.critic_wg = self.rm_wg = None
         self.resource_pool = RayResourcePool([plan.ranks_per_node] * plan.nnodes, use_gpu=plan.device == "cuda",
                                              name_prefix="actor_rollout", max_colocate_count=plan.processes_per_rank)
         common = {"plan": plan, "plugins": list(cfg.trainer.plugins)}
@@ -203,10 +211,11 @@ class RayPPOTrainer:
         return unpad_dataproto(self.actor_rollout_wg.compute_log_prob(padded), pad_size).batch["old_log_probs"]
 
     def shutdown(self):
-        for group in (self.actor_rollout_wg, self.critic_wg, self.rm_wg):
-            if group is not None:
-                group.shutdown()
-        self.resource_pool.remove()
+        for name in ("actor_rollout_wg", "critic_wg", "rm_wg"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).shutdown()
+        if getattr(self, "resource_pool", None) is not None:
+            self.resource_pool.remove()
 
     def _score_with_reward_model(self, batch: DataProto, metrics: dict | None = None) -> DataProto:
         """With reward_model.enable, the reward model's `rm_scores` (its score on each response's last token) join
