@@ -218,7 +218,7 @@ class EngineServer:
         """Sample one completion of `prompt_ids` (verl's signature; `request_id` is only a label here)."""
         if image_data:
             raise NotImplementedError("image inputs: vision-language rollouts are not built in Quiver")
-        params = self.sampling(sampling_params or {}, len(prompt_ids))
+        params = self.sampling(sampling_params or {})
         state = _CURRENT_LOOP.get()
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
@@ -232,7 +232,7 @@ class EngineServer:
             self._cond.notify_all()
         return await asyncio.wrap_future(future)
 
-    def sampling(self, overrides: dict[str, Any], prompt_len: int) -> SamplingParams:
+    def sampling(self, overrides: dict[str, Any]) -> SamplingParams:
         """The engine's SamplingParams of one request."""
         known = {}
         for key in ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "do_sample"):
@@ -416,7 +416,7 @@ class AgentLoopManager:
         classes = {name: agent_loop_class(name) for name in set(names)}
         if "raw_prompt_ids" not in columns:  # loops read the prompt's ids as a column
             ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
-            columns["raw_prompt_ids"] = _column([row[m].tolist() for row, m in zip(ids, mask)])
+            columns["raw_prompt_ids"] = [row[m].tolist() for row, m in zip(ids, mask)]
         sampling = {"temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
                     "top_k": params.top_k, "max_tokens": min(params.max_tokens, response_length)}
         server = EngineServer(self.engine, replace(params, n=1), response_length)
@@ -555,12 +555,10 @@ class AgentLoopManager:
         prompt_mask = pad_2d_list_to_tensor([[1] * len(r.prompt_ids) for r in results], 0, max_length=width, left=True)
         prompt_mask = prompt_mask.to(prompts.batch["attention_mask"].dtype)
         device = prompts.batch["input_ids"].device
-        raw_ids = np.empty(len(results), dtype=object)
-        raw_ids[:] = [list(r.prompt_ids) for r in results]
         padded = DataProto.from_dict(
             tensors={"input_ids": prompt_ids.to(device), "attention_mask": prompt_mask.to(device),
                      "position_ids": compute_position_id_with_mask(prompt_mask).to(device)},
-            non_tensors={"raw_prompt_ids": raw_ids}, meta_info=dict(prompts.meta_info))
+            non_tensors={"raw_prompt_ids": [list(r.prompt_ids) for r in results]}, meta_info=dict(prompts.meta_info))
 
         def pad(rows, value, dtype):
             return pad_2d_list_to_tensor(rows, value, max_length=response_length, dtype=dtype).to(device)
@@ -584,7 +582,6 @@ class AgentLoopManager:
             extra["agent_reward_score"] = [r.reward_score for r in results]
         if any("tool_rewards" in r.extra_fields for r in results):
             extra["tool_rewards"] = [float(r.extra_fields.get("tool_rewards", 0.0)) for r in results]
-        extra = {key: _column(values) for key, values in extra.items()}
         return layout_rollout_batch(
             padded, pad(responses, pad_token_id, torch.long),
             attended=torch.arange(response_length, device=device)[None, :] < lengths[:, None],
@@ -608,12 +605,6 @@ class AgentLoopManager:
         for name, count in Counter(names).items():
             metrics[f"agent/rows/{name}"] = float(count)
         return metrics
-
-
-def _column(values: list) -> np.ndarray:
-    array = np.empty(len(values), dtype=object)
-    array[:] = values
-    return array
 
 
 def new_request_id() -> str:
