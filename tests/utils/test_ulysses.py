@@ -1,0 +1,357 @@
+"""verl/utils/ulysses.py: two gloo ranks running a tiny Qwen2 with Ulysses sequence parallelism give the log-probs,
+entropies and parameter gradients of the plain single-process forward, for left/right-padded rows and for a packed
+row; the split/gather/all-to-all primitives and their backward passes; kv-head repetition; the eager wrapper;
+FSDP2 with activation checkpointing; the errors. One pair of processes runs every two-rank case (spawning costs
+seconds); each test reads its case's results."""
+
+import os
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from verl.single_controller.base.worker import find_free_port
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_mean
+from verl.utils.ulysses import (
+    all_to_all,
+    check_sp_size,
+    full_sequence_mask,
+    padded_length,
+    sp_gather,
+    sp_split,
+    ulysses_forward,
+)
+
+TOL = 1e-5
+DEADLINE_S = 150  # for the whole two-rank run (it takes about 10 s on 2 cores)
+
+
+def _model(attn: str = "sdpa", heads: int = 4, kv_heads: int = 2, hidden: int = 32) -> Qwen2ForCausalLM:
+    """The tiny Qwen2, identical on every rank (seeded), float32."""
+    config = Qwen2Config(vocab_size=97, hidden_size=hidden, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
+                         attn_implementation=attn)
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).float()
+
+
+def _padded_batch():
+    """The actor's layout: 5 prompt columns left-padded, 6 response columns right-padded; rows of 11, 7 and 3 real
+    tokens, 11 columns (odd, so the split pads). Returns (input_ids, attention_mask, position_ids, scored) with
+    scored marking the positions whose next token is a response token."""
+    prompt, response = torch.tensor([5, 3, 2]), torch.tensor([6, 4, 1])
+    columns = torch.arange(11)
+    mask = ((columns >= 5 - prompt[:, None]) & (columns < 5 + response[:, None])).long()
+    ids = torch.randint(1, 97, (3, 11), generator=torch.Generator().manual_seed(1)) * mask
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    scored = torch.zeros_like(mask)
+    scored[:, 4:10] = mask[:, 5:11]
+    return ids, mask, positions, scored
+
+
+def _packed_batch():
+    """One packed row of sequences of 5, 7, 3 and 8 tokens (23 columns), position ids restarting at 0. Returns
+    (input_ids, position_ids, scored) with scored marking every position but each sequence's last."""
+    lengths = [5, 7, 3, 8]
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    ids = torch.randint(1, 97, positions.shape, generator=torch.Generator().manual_seed(2))
+    scored = torch.ones_like(positions)
+    scored[0, torch.tensor(lengths).cumsum(0) - 1] = 0
+    return ids, positions, scored
+
+
+def _stats(logits, labels):
+    return logprobs_from_logits(logits, labels), entropy_from_logits(logits)
+
+
+def _plain(model, ids, mask, positions):
+    """(log-probs of the next token, entropies), each `(b, s)`, of the plain forward."""
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    return _stats(logits, ids.roll(-1, dims=1))
+
+
+def _ulysses(model, group, ids, mask, positions):
+    """`_plain` with sequence parallelism: each rank scores its piece against its piece of the next tokens."""
+    with ulysses_forward(model, group, ids, mask, positions) as batch:
+        logits = model(**batch.model_inputs, use_cache=False).logits
+        log_probs, entropy = _stats(logits, batch.split(ids.roll(-1, dims=1)))
+        return batch.gather(log_probs), batch.gather(entropy)
+
+
+def _max_diff(a, b, where=None):
+    where = torch.ones_like(a, dtype=torch.bool) if where is None else where.bool()
+    return float((a - b).abs()[where].max())
+
+
+def _forward_diffs(model, group, ids, mask, positions, real):
+    """Largest |difference| of the log-probs and of the entropies, SP against plain, where `real` is 1."""
+    with torch.no_grad():
+        expected, got = _plain(model, ids, mask, positions), _ulysses(model, group, ids, mask, positions)
+    return {"log_prob": _max_diff(got[0], expected[0], real), "entropy": _max_diff(got[1], expected[1], real)}
+
+
+def _gradient_error(model, group, ids, mask, positions, scored, expected=None):
+    """Largest |SP gradient - plain gradient| over all parameters, relative to the largest entry of the plain
+    gradient, for the loss masked_mean(log-probs, scored). `expected`: the plain gradients, given for an FSDP model
+    (FSDP averages its gradients over the ranks itself); without it they are computed here, and the SP gradients
+    are summed over the ranks and halved, FSDP's averaging done by hand."""
+    reduce_ranks = expected is None
+    if reduce_ranks:
+        expected = _plain_gradients(model, ids, mask, positions, scored)
+    model.zero_grad()
+    log_probs, _ = _ulysses(model, group, ids, mask, positions)
+    masked_mean(log_probs, scored).backward()
+    worst = 0.0
+    for name, param in model.named_parameters():
+        grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad.clone()
+        if reduce_ranks:
+            dist.all_reduce(grad, group=group)
+            grad /= dist.get_world_size(group)
+        scale = expected[name].abs().max().clamp(min=1e-12)
+        worst = max(worst, float((grad - expected[name]).abs().max() / scale))
+    return worst
+
+
+def _plain_gradients(model, ids, mask, positions, scored):
+    model.zero_grad()
+    masked_mean(_plain(model, ids, mask, positions)[0], scored).backward()
+    grads = {name: param.grad.clone() for name, param in model.named_parameters()}
+    model.zero_grad()
+    return grads
+
+
+def _case_primitives(group):
+    """Round trips of sp_split/sp_gather and all_to_all, and their gradients against the analytic ones."""
+    rank, out = dist.get_rank(group), {}
+    full = torch.randn(3, 7, 2, generator=torch.Generator().manual_seed(3))
+    piece = sp_split(full, 1, group, pad_value=0.0)
+    out["split_shape"] = tuple(piece.shape)
+    out["split_values"] = _max_diff(piece, torch.cat([full, torch.zeros(3, 1, 2)], dim=1)[:, 4 * rank : 4 * rank + 4])
+    # sp_gather: the gather of the pieces is the tensor; d/d(piece) of sum(whole * w) is w's slice times the scale.
+    weight = torch.randn(3, 7, 2, generator=torch.Generator().manual_seed(4))
+    padded_weight = torch.cat([weight, torch.zeros(3, 1, 2)], dim=1)[:, 4 * rank : 4 * rank + 4]
+    for scale in (None, 1.0):
+        leaf = piece.clone().requires_grad_()
+        whole = sp_gather(leaf, 1, group, 7, grad_scale=scale)
+        (whole * weight).sum().backward()
+        out[f"gather_values_{scale}"] = _max_diff(whole.detach(), full)
+        out[f"gather_grad_{scale}"] = _max_diff(leaf.grad, padded_weight * (2.0 if scale is None else scale))
+    # all_to_all: (b, heads, S, d) with the sequence split -> all positions of this rank's heads, and back.
+    heads_full = torch.randn(2, 4, 6, 3, generator=torch.Generator().manual_seed(5))
+    local = heads_full[:, :, 3 * rank : 3 * rank + 3].clone().requires_grad_()
+    exchanged = all_to_all(local, 1, 2, group)
+    out["a2a_values"] = _max_diff(exchanged.detach(), heads_full[:, 2 * rank : 2 * rank + 2])
+    out["a2a_round_trip"] = _max_diff(all_to_all(exchanged, 2, 1, group).detach(), local.detach())
+    # Loss sum_r <exchanged_r, w_r>: its gradient for rank r's input is the (heads-assembled) w on r's positions.
+    weights = torch.randn(2, 4, 6, 3, generator=torch.Generator().manual_seed(6))
+    (exchanged * weights[:, 2 * rank : 2 * rank + 2]).sum().backward()
+    out["a2a_grad"] = _max_diff(local.grad, weights[:, :, 3 * rank : 3 * rank + 3])
+    return out
+
+
+def _case_padded(group):
+    ids, mask, positions, _ = _padded_batch()
+    return _forward_diffs(_model(), group, ids, mask, positions, mask)
+
+
+def _case_packed(group):
+    ids, positions, _ = _packed_batch()
+    return _forward_diffs(_model(), group, ids, None, positions, None)
+
+
+def _case_outside_block(group):
+    """After an SP forward the model's attention stays switched; a plain forward still gives the plain values."""
+    ids, mask, positions, _ = _padded_batch()
+    model = _model()
+    with torch.no_grad():
+        before = _plain(model, ids, mask, positions)[0]
+        _ulysses(model, group, ids, mask, positions)
+        after = _plain(model, ids, mask, positions)[0]
+    return {"implementation": model.config._attn_implementation, "log_prob": _max_diff(after, before, mask)}
+
+
+def _case_gradients_padded(group):
+    ids, mask, positions, scored = _padded_batch()
+    return _gradient_error(_model(), group, ids, mask, positions, scored)
+
+
+def _case_gradients_packed_checkpointed(group):
+    ids, positions, scored = _packed_batch()
+    model = _model()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return _gradient_error(model, group, ids, None, positions, scored)
+
+
+def _case_fsdp2(group):
+    """The SP group is also the FSDP2 mesh (dp=1, sp=2): FSDP's own averaging, with activation checkpointing."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from verl.utils.fsdp_utils import shard_model
+
+    ids, mask, positions, scored = _padded_batch()
+    model = _model()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    expected = _plain_gradients(model, ids, mask, positions, scored)
+    model = shard_model(model, init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",)), "cpu")
+    return _gradient_error(model, group, ids, mask, positions, scored, expected)
+
+
+def _case_one_kv_head(group):
+    ids, mask, positions, _ = _padded_batch()
+    return _forward_diffs(_model(kv_heads=1), group, ids, mask, positions, mask)
+
+
+def _case_odd_kv_heads(group):
+    """3 kv heads over 2 ranks: each is repeated, and query head j must still read kv head j // 2."""
+    ids, positions, _ = _packed_batch()
+    return _forward_diffs(_model(heads=6, kv_heads=3, hidden=48), group, ids, None, positions, None)
+
+
+def _case_eager(group):
+    ids, positions, scored = _packed_batch()
+    model = _model(attn="eager", kv_heads=1)
+    out = _forward_diffs(model, group, ids, None, positions, None)
+    out["gradient"] = _gradient_error(model, group, ids, None, positions, scored)
+    return out
+
+
+def _case_errors(group):
+    ids, mask, positions, _ = _padded_batch()
+    out = {}
+    try:
+        with ulysses_forward(_model(heads=3, kv_heads=1, hidden=36), group, ids, mask, positions):
+            pass
+    except ValueError as error:
+        out["heads"] = str(error)
+    try:
+        with ulysses_forward(_model(), group, ids, mask, positions):
+            pass  # no forward: the block's end must notice
+    except RuntimeError as error:
+        out["no_forward"] = str(error)
+    return out
+
+
+CASES = {name[len("_case_"):]: fn for name, fn in globals().items() if name.startswith("_case_")}
+
+
+def _rank_main(rank: int, port: int, out_dir: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    results = {}
+    try:
+        for name, case in CASES.items():
+            try:
+                results[name] = case(dist.group.WORLD)
+            except Exception:
+                results[name] = {"error": traceback.format_exc()}
+    finally:
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Each case's results on ranks 0 and 1: {case: [rank0, rank1]}."""
+    out_dir = tmp_path_factory.mktemp("ulysses")
+    context = mp.get_context("spawn")
+    port = find_free_port()
+    ranks = [context.Process(target=_rank_main, args=(rank, port, str(out_dir))) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(DEADLINE_S)
+    hung = [process for process in ranks if process.is_alive()]
+    for process in hung:
+        process.kill()
+        process.join()
+    assert not hung, f"the two-rank Ulysses run did not finish within {DEADLINE_S} s"
+    missing = [rank for rank in range(2) if not (out_dir / f"rank{rank}.pt").exists()]
+    assert not missing, f"ranks {missing} saved no results (exit codes {[process.exitcode for process in ranks]})"
+    results = [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    return {name: [results[0][name], results[1][name]] for name in CASES}
+
+
+def _ok(per_rank):
+    for result in per_rank:
+        assert not (isinstance(result, dict) and "error" in result), result.get("error")
+    return per_rank
+
+
+def test_primitives_round_trip_and_backward(two_ranks):
+    for result in _ok(two_ranks["primitives"]):
+        assert result.pop("split_shape") == (3, 4, 2)
+        assert all(value < 1e-6 for value in result.values()), result
+
+
+@pytest.mark.parametrize("case", ["padded", "packed", "one_kv_head", "odd_kv_heads"])
+def test_forward_matches_plain(two_ranks, case):
+    """Per-token log-probs and entropies within 1e-5 of the plain forward on both ranks (padded rows: at real
+    tokens; the packed row: everywhere)."""
+    for result in _ok(two_ranks[case]):
+        assert result["log_prob"] < TOL and result["entropy"] < TOL, result
+
+
+def test_model_outside_the_block_is_plain(two_ranks):
+    for result in _ok(two_ranks["outside_block"]):
+        assert result["implementation"] == "ulysses_sdpa"
+        assert result["log_prob"] < TOL, result
+
+
+@pytest.mark.parametrize("case", ["gradients_padded", "gradients_packed_checkpointed", "fsdp2"])
+def test_gradients_match_plain(two_ranks, case):
+    """The SP ranks' gradients, averaged over the ranks as FSDP does, are the plain gradients (within 1e-5 of the
+    largest entry of each parameter's gradient)."""
+    for error in _ok(two_ranks[case]):
+        assert error < TOL, error
+
+
+def test_eager_attention(two_ranks):
+    for result in _ok(two_ranks["eager"]):
+        assert max(result.values()) < TOL, result
+
+
+def test_errors(two_ranks):
+    for result in _ok(two_ranks["errors"]):
+        assert "ulysses_sequence_parallel_size=2 must divide the model's num_attention_heads=3" in result["heads"]
+        assert "ran no Ulysses attention" in result["no_forward"]
+
+
+def test_check_sp_size():
+    config = Qwen2Config(num_attention_heads=4, num_key_value_heads=1, hidden_size=32)
+    assert check_sp_size(config, 1) == [] and check_sp_size(config, 4) == []
+    assert "num_attention_heads=4" in check_sp_size(config, 3)[0]
+    config._attn_implementation = "flash_attention_2"
+    assert any("flash_attention_2" in problem for problem in check_sp_size(config, 2))
+
+
+def test_without_a_group_everything_is_the_identity():
+    ids, mask, positions, _ = _padded_batch()
+    assert padded_length(11, None) == 11
+    assert sp_split(ids, 1, None) is ids and torch.equal(sp_gather(ids, 1, None, 11), ids)
+    model = _model()
+    with ulysses_forward(model, None, ids, mask, positions) as batch:
+        assert batch.model_inputs["input_ids"] is ids and batch.model_inputs["attention_mask"] is mask
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_full_sequence_mask():
+    """Packed: block-diagonal causal; padded: causal without padding keys; end padding hidden from real queries;
+    every query sees itself."""
+    packed = full_sequence_mask(None, torch.tensor([[0, 1, 2, 0, 1]]), 6)[0, 0].int()
+    assert packed.tolist() == [[1, 0, 0, 0, 0, 0],
+                               [1, 1, 0, 0, 0, 0],
+                               [1, 1, 1, 0, 0, 0],
+                               [0, 0, 0, 1, 0, 0],
+                               [0, 0, 0, 1, 1, 0],
+                               [0, 0, 0, 0, 0, 1]]
+    padded = full_sequence_mask(torch.tensor([[0, 1, 1]]), torch.tensor([[0, 0, 1]]), 4)[0, 0].int()
+    assert padded.tolist() == [[1, 0, 0, 0],
+                               [0, 1, 0, 0],
+                               [0, 1, 1, 0],
+                               [0, 1, 1, 1]]
