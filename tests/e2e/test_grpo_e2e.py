@@ -209,3 +209,31 @@ def test_one_shared_cpu_engine_serves_both_ranks(ray_session, tiny_model_dir, ar
         assert m["response_length/mean"] > 0
     prompts = batch.batch["prompts"]
     assert len(batch) == len(prompts) and len({tuple(row.tolist()) for row in prompts}) > 1
+
+
+def test_memory_levers_train(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
+    """The levers of a large model on the tiny one, all at once: the actor's parameters in bf16 (float32 masters in
+    the optimizer), a bf16 reference for the KL loss, fused log-probs, HSDP with shard groups of one rank; the
+    steps train (finite losses, weights moved, the rollout engine has them), the KL starts at about 0 (bf16
+    rounding of the same weights) and grows, and a checkpoint of the run resumes."""
+    from e2e_utils import fit_trainer
+
+    overrides = tiny_overrides(
+        tiny_model_dir, arithmetic_data_dir, "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16",
+        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.ref.fsdp_config.model_dtype=bf16",
+        "actor_rollout_ref.model.use_fused_kernels=true", "actor_rollout_ref.actor.fsdp_config.fsdp_size=1",
+        "actor_rollout_ref.actor.entropy_coeff=0.01", "algorithm.rollout_correction.bypass_mode=false",
+        "trainer.total_training_steps=2", "trainer.save_freq=2", f"trainer.default_local_dir={tmp_path}")
+    trainer, history, before, after, _ = fit_trainer(overrides, tiny_model_dir)
+    assert trainer.plan.actor_fsdp_size == 1 and trainer.plan.fused_logprobs
+    for metrics in history:
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy_loss", "actor/grad_norm"):
+            assert math.isfinite(metrics[key]), key
+    assert abs(history[0]["actor/kl_loss"]) < 1e-2  # the bf16 reference of the same weights
+    assert history[1]["actor/kl_loss"] > history[0]["actor/kl_loss"]
+    for a, b in zip(after, before):
+        assert abs(a["actor"] - b["actor"]) > 1e-6
+        assert a["rollout"] == pytest.approx(a["actor"], rel=1e-6)
+    resumed, history2, *_ = fit_trainer(overrides[:-2] + ["trainer.total_training_steps=3",
+                                                          f"trainer.default_local_dir={tmp_path}"], tiny_model_dir)
+    assert len(history2) == 1 and math.isfinite(history2[0]["actor/pg_loss"])  # step 3, from the step-2 checkpoint

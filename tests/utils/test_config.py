@@ -181,14 +181,14 @@ def test_verl_keys_that_do_nothing_are_announced_once_each(capsys):
     from verl.trainer.ppo.config_rules import INERT_KEYS, announce_inert_keys
 
     assert announce_inert_keys(load_config(), "hf") == []  # the defaults say nothing
-    cfg = load_config(overrides=["actor_rollout_ref.model.use_liger=true", "critic.ulysses_sequence_parallel_size=2",
+    cfg = load_config(overrides=["actor_rollout_ref.model.use_shm=true", "trainer.use_legacy_worker_impl=disable",
                                  "actor_rollout_ref.actor.checkpoint.load_contents=[model]"])
     keys = announce_inert_keys(cfg, "hf")
-    assert keys == ["actor_rollout_ref.model.use_liger", "actor_rollout_ref.actor.checkpoint.load_contents",
-                    "critic.ulysses_sequence_parallel_size"]
+    assert keys == ["actor_rollout_ref.model.use_shm", "actor_rollout_ref.actor.checkpoint.load_contents",
+                    "trainer.use_legacy_worker_impl"]
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == ("[config] actor_rollout_ref.model.use_liger=true is accepted for verl scripts but does "
-                        "nothing in Quiver: " + INERT_KEYS["actor_rollout_ref.model.use_liger"])
+    assert lines[0] == ("[config] actor_rollout_ref.model.use_shm=true is accepted for verl scripts but does "
+                        "nothing in Quiver: " + INERT_KEYS["actor_rollout_ref.model.use_shm"])
     assert len(lines) == 3 and 'load_contents=["model"]' in lines[1]
 
 

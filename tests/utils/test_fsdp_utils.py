@@ -105,3 +105,114 @@ def test_one_cpu_rank_keeps_its_model_unsharded_with_fsdp2s_gradients():
     results = mp.Manager().dict()
     mp.spawn(_one_rank_gradients, args=(port, results), nprocs=1, join=True)
     assert results[0] == "ok", results[0]
+
+
+def test_bf16_parameters_step_through_float32_masters():
+    """model_dtype=bf16: the optimizer steps float32 masters, so updates far below bf16's resolution accumulate; the
+    bf16 weights are the masters rounded; a state dict round trip restores the masters exactly."""
+    from verl.utils.fsdp_utils import Float32MasterAdamW
+
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(6, 3)
+    with torch.no_grad():  # start both from the same (bf16-representable) weights
+        for p in reference.parameters():
+            p.copy_(p.bfloat16().float())
+    model = copy.deepcopy(reference).to(torch.bfloat16)
+    kwargs = {"lr": 1e-5, "betas": (0.9, 0.999), "weight_decay": 0.0, "total_steps": 10}
+    ref_optimizer, _ = build_optimizer(reference, **kwargs)
+    optimizer, _ = build_optimizer(model, **kwargs)
+    assert isinstance(optimizer, Float32MasterAdamW) and type(ref_optimizer) is torch.optim.AdamW
+    start = model.weight.detach().clone()
+    for step in range(20):
+        grads = torch.randn(3, 6, generator=torch.Generator().manual_seed(step)), torch.ones(3)
+        for m in (reference, model):
+            m.weight.grad, m.bias.grad = (g.to(m.weight.dtype) for g in grads)
+        ref_optimizer.step()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert model.weight.grad is None
+    masters = optimizer.param_groups[0]["params"]
+    assert masters[0].dtype == torch.float32
+    # 20 steps of 1e-5 move each weight by about 2e-4, below half a bf16 step of most weights: bf16 AdamW alone
+    # would have left them unchanged; the masters moved exactly as float32 AdamW did.
+    torch.testing.assert_close(masters[0].detach(), reference.weight.detach(), rtol=1e-3, atol=2e-7)
+    assert torch.equal(model.weight, masters[0].detach().to(torch.bfloat16))
+    assert not torch.equal(model.weight, start)
+
+    restored_model = copy.deepcopy(model)
+    restored, _ = build_optimizer(restored_model, **kwargs)
+    restored.load_state_dict(optimizer.state_dict())
+    for mine, theirs in zip(restored.param_groups[0]["params"], masters, strict=True):
+        assert torch.equal(mine, theirs)
+    assert "master" not in restored.state[restored.param_groups[0]["params"][0]]
+    assert torch.equal(restored.state[restored.param_groups[0]["params"][0]]["exp_avg"],
+                       optimizer.state[masters[0]]["exp_avg"])
+
+
+def _hsdp_rank(rank: int, port: int, checkpoint: str, results) -> None:
+    import torch.distributed as dist
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint, merge_shards, save_rank_checkpoint
+    from verl.utils.fsdp_utils import fsdp_mesh, shard_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        config = Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=48)
+        torch.manual_seed(0)
+        base = Qwen2ForCausalLM(config)
+        models, optimizers = {}, {}
+        for shard in (2, 1):  # plain FSDP over both ranks; HSDP: shard groups of one rank, replicated twice
+            model = shard_model(copy.deepcopy(base), fsdp_mesh("cpu", 2, shard), "cpu")
+            models[shard] = model
+            optimizers[shard], _ = build_optimizer(model, lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0,
+                                                   total_steps=1)
+            ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(rank))  # each rank its own
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizers[shard].step()
+        full = {shard: {n: t.full_tensor() for n, t in m.state_dict().items()} for shard, m in models.items()}
+        for name, tensor in full[2].items():
+            torch.testing.assert_close(full[1][name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+        # A checkpoint of the HSDP model loads into the plain FSDP one (same ranks, another layout), and the merger
+        # makes the full tensors from its files.
+        save_rank_checkpoint(checkpoint, rank, 2, models[1], optimizers[1], None)
+        dist.barrier()
+        fresh = shard_model(Qwen2ForCausalLM(config), fsdp_mesh("cpu", 2, 2), "cpu")
+        fresh_optimizer, _ = build_optimizer(fresh, lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0, total_steps=1)
+        fresh(input_ids=ids, labels=ids).loss.backward()
+        fresh_optimizer.step()  # so that its state exists and must be overwritten
+        load_rank_checkpoint(checkpoint, rank, 2, fresh, fresh_optimizer, None)
+        for name, tensor in fresh.state_dict().items():
+            torch.testing.assert_close(tensor.full_tensor(), full[1][name], rtol=0, atol=0, msg=name)
+        for p_fresh, p_hsdp in zip(fresh.parameters(), models[1].parameters(), strict=True):
+            torch.testing.assert_close(fresh_optimizer.state[p_fresh]["exp_avg"].full_tensor(),
+                                       optimizers[1].state[p_hsdp]["exp_avg"].full_tensor(), rtol=0, atol=0)
+        if rank == 0:
+            shards = [torch.load(f"{checkpoint}/model_world_size_2_rank_{r}.pt") for r in range(2)]
+            merged = merge_shards(shards)
+            for name, tensor in full[1].items():
+                torch.testing.assert_close(merged[name], tensor, rtol=0, atol=0, msg=name)
+        results[rank] = "ok"
+    except Exception:  # reported to the parent
+        import traceback
+
+        results[rank] = traceback.format_exc()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hsdp_updates_like_fsdp_and_its_checkpoint_loads_on_another_layout(tmp_path):
+    """fsdp_size=1 on 2 ranks (HSDP: replicated, nothing sharded) gives plain FSDP's update; its checkpoint loads
+    into a model sharded over both ranks and merges into the same full tensors."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(_hsdp_rank, args=(port, str(tmp_path), results), nprocs=2, join=True)
+    assert dict(results) == {0: "ok", 1: "ok"}, dict(results)

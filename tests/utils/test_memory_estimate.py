@@ -132,6 +132,38 @@ def test_kl_critic_and_offload_add_their_parts():
     assert phases["generate"]["actor optimizer"] == 0 and phases["update_actor"]["actor optimizer"] == 4000
 
 
+def test_each_memory_lever_changes_its_part():
+    base = small_config()
+    wide_vocab = dataclasses.replace(SMALL, vocab=5000)  # so that the logits are the peak of each pass
+
+    def phases(*overrides: str, device: str = "cpu", shape: ModelShape = SMALL):
+        config = small_config("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                              "actor_rollout_ref.actor.use_kl_loss=true", *overrides)
+        return estimate_ppo_memory(config, plan_run(config, device), {"actor": shape}, capacity=GIB).phases
+
+    # An update that reads the entropy: 4 response tokens x V x 8 float32 copies; fused, a chunk of at most
+    # CHUNK_TOKENS tokens (here all 4) x V x 3 copies.
+    entropy = "actor_rollout_ref.actor.entropy_coeff=0.01"
+    assert phases(entropy, shape=wide_vocab)["update_actor"]["logits"] == 4 * 5000 * 4 * 8
+    fused = phases(entropy, "actor_rollout_ref.model.use_fused_kernels=true", shape=wide_vocab)
+    assert fused["update_actor"]["logits"] == 4 * 5000 * 4 * 3
+    # bf16 reference: its weights at 2 bytes, sharded over the 2 ranks.
+    assert phases("actor_rollout_ref.ref.fsdp_config.model_dtype=bf16")["ref"]["ref weights"] == 2 * 1000 // 2
+    # bf16 actor: weights and gradients at 2 bytes; the optimizer adds float32 masters to the two moments.
+    bf16 = phases("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16")["optimizer_step"]
+    assert (bf16["actor weights"], bf16["actor optimizer"], bf16["gradients"]) == (1000, 12 * 1000 // 2, 1000)
+    # HSDP with shard groups of one rank: every rank holds the whole model and optimizer.
+    hsdp = phases("actor_rollout_ref.actor.fsdp_config.fsdp_size=1")["optimizer_step"]
+    assert (hsdp["actor weights"], hsdp["actor optimizer"]) == (4 * 1000, 8 * 1000)
+    # Activation offload (CUDA): one layer's saved activations on the device instead of each layer's.
+    cuda = ("actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.model.enable_gradient_checkpointing=false")
+    on_device = phases(*cuda, device="cuda")["update_actor"]["activations"]
+    offloaded = phases(*cuda, "actor_rollout_ref.model.enable_activation_offload=true",
+                       device="cuda")["update_actor"]["activations"]
+    assert offloaded * SMALL.layers == on_device
+    assert base.actor_rollout_ref.model.use_fused_kernels is False  # the defaults stay off
+
+
 def test_vllm_on_cuda_takes_its_memory_share_while_generating():
     config = small_config("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6")
     phases = estimate_ppo_memory(config, plan_run(config, "cuda"), {"actor": SMALL}, capacity=10 * GIB).phases

@@ -20,6 +20,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# Rows (tokens) per chunk by default: the largest temporaries are a few (CHUNK_TOKENS, vocab) float32 tensors,
+# 0.6 GB each at Qwen2.5's vocabulary.
+CHUNK_TOKENS = 1024
+
 
 def _cast(dtype: torch.dtype, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     """hidden, weight and bias in the matmul's dtype (no copy for those already in it)."""
@@ -129,7 +133,7 @@ class _FusedLogprobsEntropy(torch.autograd.Function):
 
 def fused_logprobs_and_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                                temperature: float = 1.0, *, bias: torch.Tensor | None = None,
-                               with_entropy: bool = True, chunk_size: int = 1024):
+                               with_entropy: bool = True, chunk_size: int = CHUNK_TOKENS):
     """log p(label) and entropy of softmax((hidden @ weight.T + bias) / T), `chunk_size` rows at a time.
 
     hidden `(N, H)` (or `(..., H)`), weight `(V, H)` (the LM head), bias `(V,)` or None, labels `(N,)` (or `(...)`)

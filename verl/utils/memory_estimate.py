@@ -4,24 +4,28 @@ config leaves unset, chosen from that estimate; and the message an out-of-memory
 
 The estimate follows what the workers allocate (verl/workers/fsdp_workers.py, actor/dp_actor.py, critic/dp_critic.py,
 the rollout engines), phase by phase, for the fullest rank, with every prompt and response at its maximum length.
-Symbols: P parameters of a model (T of them trainable: all, or LoRA's adapters), W ranks (plan.n_ranks), L decoder
-layers, h hidden size, I MLP size, kv the key/value width (kv heads x head dim), V vocabulary, N tokens and R response
-tokens of a micro-batch (its sequences x the maximum lengths), 4 bytes of float32 (the plan's param_dtype), c bytes
-of the plan's compute dtype (float32 on CPU; `fsdp_config.dtype` on CUDA, bf16 = 2).
+Symbols: P parameters of a model (T of them trainable: all, or LoRA's adapters), S ranks of its FSDP2 shard group
+(plan.*_fsdp_size: every rank, or HSDP's fsdp_size), L decoder layers, h hidden size, I MLP size, kv the key/value
+width (kv heads x head dim), V vocabulary, N tokens and R response tokens of a micro-batch (its sequences x the
+maximum lengths), w bytes of the parameters' dtype (the plan's *_param_dtype: fsdp_config.model_dtype, float32 = 4),
+c bytes of the plan's compute dtype (the parameters' on CPU; `fsdp_config.dtype` on CUDA, bf16 = 2).
 
-    weights          4 P / W        every model is loaded in float32 and sharded by FSDP2 (param_offload: host)
-    optimizer        8 T / W        AdamW's two float32 moments (optimizer_offload: host between updates)
-    gradients        4 T / W        sharded; plus c x the root group's weights (embeddings, head) unsharded in backward
+    weights          w P / S        each model in its model_dtype, sharded by FSDP2 (param_offload: host)
+    optimizer        8 T / S        AdamW's two float32 moments (optimizer_offload: host between updates); with
+                                    w < 4 also the float32 masters, 4 T / S
+    gradients        w T / S        sharded; plus c x the root group's weights (embeddings, head) unsharded in backward
     gathered weights c P            the layers gathered by FSDP2 and kept from forward to backward
                                     (reshard_after_forward false, the CPU default); with resharding, the root group
                                     and two layers; none with one rank in float32 (the shard is the whole tensor)
     activations      N L c (8 h + 4 I + 2 kv) + N L 4 heads
                                     what autograd keeps per token of a micro-batch of N tokens (measured on
                                     transformers' Qwen2 layer with sdpa); with gradient checkpointing N L c h (each
-                                    layer's input) plus one layer recomputed in the backward (2x its activations)
+                                    layer's input) plus one layer recomputed in the backward (2x its activations);
+                                    with activation offload (CUDA) one layer's instead of L
     logits           R V (4 k + c') R response tokens of the micro-batch; k float32 copies alive at once
                                     (LOGITS_COPIES: logits, logits / T, log-softmax, the gradient; with the entropy
-                                    softmax and its products), c' = c for the compute-dtype logits on CUDA
+                                    softmax and its products), c' = c for the compute-dtype logits on CUDA; with the
+                                    fused log-probs min(R, CHUNK_TOKENS) V 4 FUSED_LOGITS_COPIES
     rollout engine   the plan's engine. hf: 4 P (its own float32 copy, freed or moved to host between rollouts with
                      free_cache_engine, except on CUDA with the static decode loop, whose graphs keep it) + KV cache
                      2 L kv (prompt + response) 4 per sequence it decodes (the rank's prompts x n, the node's with
@@ -54,6 +58,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.config import ConfigError
 from verl.utils.fsdp_utils import reshards_after_forward
+from verl.utils.fused_logprobs import CHUNK_TOKENS
 from verl.utils.lora import lora_settings
 from verl.utils.run_plan import MicroBatches, RunPlan
 
@@ -72,6 +77,9 @@ LOGITS_COPIES = {(False, False): 3, (False, True): 4, (True, False): 3, (True, T
 # With entropy_from_logits_with_chunking: the logits, their gradient and the log-softmax kept per chunk (measured
 # 2.3-3.0 without entropy, 4.3 with, for chunks of a third of the positions).
 CHUNKED_LOGITS_COPIES = {False: 3, True: 4.5}
+# The fused log-probs (model.use_fused_kernels): float32 (FUSED_CHUNK, vocabulary) tensors alive at once in a chunk
+# of the forward or of its recomputing backward (the logits, their softmax, the gradient).
+FUSED_LOGITS_COPIES = 3
 # The HF engine: the sampling temporaries of one decoding step (float logits, / T, filtered, softmax, log-softmax,
 # entropy) per sequence and vocabulary entry.
 SAMPLING_COPIES = 6
@@ -299,6 +307,8 @@ class _Pass:
     compute_bytes: int
     sequences: int  # per micro-batch
     checkpointing: bool
+    param_bytes: int = FLOAT32_BYTES  # the parameters' dtype (fsdp_config.model_dtype)
+    shard: int = 1  # ranks of its FSDP2 shard group (HSDP: fsdp_size)
 
 
 def estimate_ppo_memory(
@@ -315,11 +325,12 @@ def estimate_ppo_memory(
     neither engine_kwargs nor VLLM_CPU_KVCACHE_SPACE sets it."""
     arr, data = config.actor_rollout_ref, config.data
     actor_cfg, rollout, model_cfg = arr.actor, arr.rollout, arr.model
-    ranks, cuda = plan.n_ranks, plan.device == "cuda"
+    cuda = plan.device == "cuda"
     prompt, response = data.max_prompt_length, data.max_response_length
     length = prompt + response
     actor = shapes["actor"]
-    weight_bytes = DTYPE_BYTES[plan.param_dtype]
+    actor_bytes, ref_bytes = DTYPE_BYTES[plan.actor_param_dtype], DTYPE_BYTES[plan.ref_param_dtype]
+    actor_shard = plan.actor_fsdp_size
     passes = _planned_passes(plan)
 
     def sequences(field: str) -> int:
@@ -328,12 +339,16 @@ def estimate_ppo_memory(
     def on_device(offload_key: bool) -> bool:
         return not (cuda and offload_key)  # offloading is a CUDA feature; on CPU everything is in host memory
 
-    def weights(shape: ModelShape, fsdp) -> int:
+    def weights(shape: ModelShape, fsdp, param_bytes: int, shard: int) -> int:
         offloaded = fsdp.get("param_offload") or fsdp.get("offload_policy")
-        return weight_bytes * shape.parameters // ranks if on_device(offloaded) else 0
+        return param_bytes * shape.parameters // shard if on_device(offloaded) else 0
+
+    def optimizer(shape: ModelShape, param_bytes: int, shard: int) -> int:
+        """AdamW's moments, and the float32 masters of parameters held in a lower precision."""
+        return (ADAM_BYTES + (FLOAT32_BYTES if param_bytes < FLOAT32_BYTES else 0)) * shape.trainable // shard
 
     def gathered(p: _Pass) -> int:
-        if ranks == 1 and p.compute_bytes == weight_bytes:
+        if p.shard == 1 and p.compute_bytes == p.param_bytes:
             return 0
         reshard = reshards_after_forward(plan.device, p.fsdp)
         layers = p.shape.root_parameters + 2 * p.shape.layer_parameters if reshard else p.shape.parameters
@@ -345,20 +360,24 @@ def estimate_ppo_memory(
         tokens, scored = p.sequences * length, p.sequences * response
         parts = {"gathered weights": gathered(p)}
         logits = 0
-        if shape.vocab:
+        if shape.vocab and plan.fused_logprobs and not extra_copies:  # a chunk of tokens at a time (no full logits)
+            logits = int(min(scored, CHUNK_TOKENS) * shape.vocab * FLOAT32_BYTES * FUSED_LOGITS_COPIES)
+        elif shape.vocab:
             chunked = bool(actor_cfg.entropy_from_logits_with_chunking)
             copies = CHUNKED_LOGITS_COPIES[entropy] if chunked and grad else LOGITS_COPIES[(grad, entropy)]
             logits = int(scored * shape.vocab * (FLOAT32_BYTES * (copies + extra_copies) + (c if cuda else 0)))
         layer = tokens * shape.layer_temporaries(c)
+        # With activation offload (CUDA) what autograd saves waits in host memory: one layer's is on the device.
+        saved_layers = 1 if plan.activation_offload and shape.vocab else shape.layers
         if not grad:  # the residual stream, then one layer's temporaries at a time, then the head
             parts["hidden states"] = tokens * 2 * c * shape.hidden
             peak = ("logits", logits) if logits >= layer else ("layer temporaries", layer)
         elif p.checkpointing:  # each layer's input; then the head, or one layer recomputed for its backward
-            parts["activations"] = tokens * shape.layers * c * shape.hidden
+            parts["activations"] = tokens * saved_layers * c * shape.hidden
             recomputed = tokens * shape.saved_per_token(c) + layer
             peak = ("logits", logits) if logits >= recomputed else ("recomputed layer", recomputed)
         else:  # every layer's activations; then the head, or one layer's gradient temporaries
-            parts["activations"] = tokens * shape.layers * shape.saved_per_token(c)
+            parts["activations"] = tokens * saved_layers * shape.saved_per_token(c)
             peak = ("logits", logits) if logits >= layer else ("layer gradients", layer)
         parts[peak[0]] = peak[1]
         return parts
@@ -367,36 +386,38 @@ def estimate_ppo_memory(
         c = p.compute_bytes
         root_grad = (
             c * p.shape.root_parameters
-            if p.shape.trainable == p.shape.parameters and (ranks > 1 or c != weight_bytes)
+            if p.shape.trainable == p.shape.parameters and (p.shard > 1 or c != p.param_bytes)
             else 0
         )
         return {
             **forward_parts(p, grad=True, entropy=entropy),
-            "gradients": weight_bytes * p.shape.trainable // ranks + root_grad,
+            "gradients": p.param_bytes * p.shape.trainable // p.shard + root_grad,
         }
 
     # ---- what each process of the rank holds between its calls
     actor_fsdp = actor_cfg.fsdp_config
-    actor_optimizer = ADAM_BYTES * actor.trainable // ranks
+    actor_optimizer = optimizer(actor, actor_bytes, actor_shard)
     resident = {
-        "actor weights": weights(actor, actor_fsdp),
+        "actor weights": weights(actor, actor_fsdp, actor_bytes, actor_shard),
         "actor optimizer": actor_optimizer if on_device(actor_fsdp.optimizer_offload) else 0,
     }
     lora = lora_settings(model_cfg)
     if plan.use_reference_policy and lora is None:
-        resident["ref weights"] = weights(actor, arr.ref.fsdp_config)
+        resident["ref weights"] = weights(actor, arr.ref.fsdp_config, ref_bytes, actor_shard)
     if plan.use_critic:
         critic_shape, critic_fsdp = shapes["critic"], config.critic.model.fsdp_config
-        critic_optimizer = ADAM_BYTES * critic_shape.trainable // ranks
-        resident["critic weights"] = weights(critic_shape, critic_fsdp)
+        critic_bytes, critic_shard = DTYPE_BYTES[plan.critic_param_dtype], plan.critic_fsdp_size
+        critic_optimizer = optimizer(critic_shape, critic_bytes, critic_shard)
+        resident["critic weights"] = weights(critic_shape, critic_fsdp, critic_bytes, critic_shard)
         resident["critic optimizer"] = critic_optimizer if on_device(critic_fsdp.optimizer_offload) else 0
     if plan.use_reward_model:
-        resident["reward model weights"] = weights(shapes["reward_model"], config.reward_model.model.fsdp_config)
+        resident["reward model weights"] = weights(shapes["reward_model"], config.reward_model.model.fsdp_config,
+                                                   FLOAT32_BYTES, plan.reward_model_fsdp_size)
     resident["processes"] = PROCESS_BYTES * plan.processes_per_rank
 
     # ---- the rollout engine
     name = plan.rollout_engine
-    engine_weights = weight_bytes * actor.parameters
+    engine_weights = FLOAT32_BYTES * actor.parameters  # the engines load their own float32 copy
     generate = {}
     if name == "vllm" and cuda:
         generate["vllm (gpu_memory_utilization)"] = int(rollout.gpu_memory_utilization * (capacity or 0))
@@ -413,11 +434,11 @@ def estimate_ppo_memory(
         gen_rows = _generate_rows(config, plan)
         decoding = min(rollout.micro_batch_size or gen_rows, gen_rows)
         # The cache grows by concatenation: the step's new tensors of a layer exist beside the old ones.
-        kv_per_sequence = 2 * actor.kv_dim * length * weight_bytes
+        kv_per_sequence = 2 * actor.kv_dim * length * FLOAT32_BYTES
         generate["hf engine weights"] = engine_weights
         generate["KV cache"] = decoding * kv_per_sequence * (actor.layers + 1)
         generate["prefill"] = (
-            decoding * prompt * (2 * weight_bytes * actor.hidden + actor.layer_temporaries(weight_bytes))
+            decoding * prompt * (2 * FLOAT32_BYTES * actor.hidden + actor.layer_temporaries(FLOAT32_BYTES))
             + decoding * actor.vocab * FLOAT32_BYTES * SAMPLING_COPIES
         )
         # The static loop's compiled CUDA graphs read the weights where they were captured: they stay all step.
@@ -431,22 +452,26 @@ def estimate_ppo_memory(
     actor_c = DTYPE_BYTES[plan.compute_dtype]
     if "actor_log_prob" in passes:
         sum_pi_squared = 2 if actor_cfg.calculate_sum_pi_squared else 0
-        old = _Pass(actor, actor_fsdp, actor_c, sequences("actor_log_prob"), checkpointing)
+        old = _Pass(actor, actor_fsdp, actor_c, sequences("actor_log_prob"), checkpointing, actor_bytes, actor_shard)
         phases["old_log_prob"] = {
             **resident,
             **forward_parts(old, grad=False, entropy=True, extra_copies=sum_pi_squared),
         }
     if "ref_log_prob" in passes:
         ref_fsdp = actor_fsdp if lora is not None else arr.ref.fsdp_config
-        ref = _Pass(actor, ref_fsdp, actor_c, sequences("ref_log_prob"), checkpointing)
+        ref_c = actor_c if lora is not None else DTYPE_BYTES[plan.ref_compute_dtype]
+        ref = _Pass(actor, ref_fsdp, ref_c, sequences("ref_log_prob"), checkpointing,
+                    actor_bytes if lora is not None else ref_bytes, actor_shard)
         phases["ref"] = {**resident, **forward_parts(ref, grad=False, entropy=False)}
 
     # ---- the critic's passes (its own process on the same rank)
     if plan.use_critic:
         critic_c = DTYPE_BYTES[plan.critic_compute_dtype]
         critic_checkpointing = bool(config.critic.model.enable_gradient_checkpointing)
-        values = _Pass(critic_shape, critic_fsdp, critic_c, sequences("critic_forward"), critic_checkpointing)
-        train = _Pass(critic_shape, critic_fsdp, critic_c, sequences("critic_update"), critic_checkpointing)
+        values = _Pass(critic_shape, critic_fsdp, critic_c, sequences("critic_forward"), critic_checkpointing,
+                       critic_bytes, critic_shard)
+        train = _Pass(critic_shape, critic_fsdp, critic_c, sequences("critic_update"), critic_checkpointing,
+                      critic_bytes, critic_shard)
         phases["values"] = {**resident, **forward_parts(values, grad=False, entropy=False)}
         phases["update_critic"] = {
             **resident,
@@ -455,15 +480,15 @@ def estimate_ppo_memory(
         }
 
     # ---- the actor's update: forward and backward of a micro-batch, then the optimizer step
-    train = _Pass(actor, actor_fsdp, actor_c, sequences("actor_update"), checkpointing)
+    train = _Pass(actor, actor_fsdp, actor_c, sequences("actor_update"), checkpointing, actor_bytes, actor_shard)
     update = update_parts(train, entropy=plan.update_needs_entropy)
     phases["update_actor"] = {**resident, "actor optimizer": actor_optimizer, **update}
     # AdamW's foreach step makes one temporary per moment tensor (the denominator).
     phases["optimizer_step"] = {
         **resident,
         "actor optimizer": actor_optimizer,
-        "gradients": weight_bytes * actor.trainable // ranks,
-        "optimizer temporaries": FLOAT32_BYTES * actor.trainable // ranks,
+        "gradients": actor_bytes * actor.trainable // actor_shard,
+        "optimizer temporaries": FLOAT32_BYTES * actor.trainable // actor_shard,
     }
     return MemoryEstimate(phases, capacity, capacity_source, plan.device)
 
@@ -563,8 +588,8 @@ def ppo_model_shapes(config: DictConfig, critic: bool) -> dict[str, ModelShape]:
 
 def _remedies(plan: RunPlan) -> list[tuple[str, str]]:
     """The keys that shrink the run, in the order they are suggested: (key, kind); "size" keys are searched for the
-    largest value that fits, "flag" keys tried switched on, "down" keys (floats) searched for the largest value that
-    fits. A micro-batch the estimate sized is left out: it is already the largest that fits, or 1."""
+    largest value that fits, "flag" keys tried switched on, "bf16" keys (a model_dtype) tried at bf16, "down" keys
+    (floats) searched for the largest value that fits. A micro-batch the estimate sized is left out: it is already the largest that fits, or 1."""
     sized = dict(plan.sized_by_memory)
     keys = []
     for micro, _ in _planned_passes(plan).values():
@@ -573,7 +598,10 @@ def _remedies(plan: RunPlan) -> list[tuple[str, str]]:
     keys.append(("actor_rollout_ref.model.enable_gradient_checkpointing", "flag"))
     if plan.use_critic:
         keys.append(("critic.model.enable_gradient_checkpointing", "flag"))
+    keys.append(("actor_rollout_ref.model.use_fused_kernels", "flag"))
     keys.append(("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "flag"))
+    if plan.use_reference_policy:
+        keys.append(("actor_rollout_ref.ref.fsdp_config.model_dtype", "bf16"))
     if plan.rollout_engine == "hf":
         keys += [
             ("actor_rollout_ref.rollout.free_cache_engine", "flag"),
@@ -586,6 +614,7 @@ def _remedies(plan: RunPlan) -> list[tuple[str, str]]:
                 ("actor_rollout_ref.rollout.gpu_memory_utilization", "down"),
             ]
         keys += [
+            ("actor_rollout_ref.model.enable_activation_offload", "flag"),
             ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", "flag"),
             ("actor_rollout_ref.actor.fsdp_config.param_offload", "flag"),
         ]
@@ -607,13 +636,14 @@ def suggest_fixes(config: DictConfig, plan: RunPlan, estimate_with, capacity: in
     fixes = []
     for key, kind in _remedies(plan):
         value = OmegaConf.select(config, key)
-        if kind == "flag":
-            if value:
+        if kind in ("flag", "bf16"):
+            wanted = True if kind == "flag" else "bf16"
+            if value is True or value in ("bf16", "bfloat16"):
                 continue
-            peak = _peak_with(config, estimate_with, key, True)
+            peak = _peak_with(config, estimate_with, key, wanted)
             if peak < current_peak:
                 verdict = "fits" if peak <= capacity else f"saves {gib(current_peak - peak)}, not enough alone"
-                fixes.append(f"{key}=true: peak {gib(peak)} ({verdict})")
+                fixes.append(f"{key}={'true' if wanted is True else wanted}: peak {gib(peak)} ({verdict})")
             continue
         if kind == "down":
             top = value

@@ -61,9 +61,23 @@ class RunPlan:
     use_reward_model: bool
     remove_padding: bool  # the actor's and the reference's passes (actor_rollout_ref.model.use_remove_padding)
     critic_remove_padding: bool
-    param_dtype: str  # every model is loaded in float32 and sharded so
-    compute_dtype: str  # the actor's and reference's mixed precision on CUDA; float32 on CPU
+    # The dtype each model's parameters are loaded and sharded in (fsdp_config.model_dtype): an actor or critic held
+    # in a lower precision trains float32 master copies in its optimizer (fsdp_utils.Float32MasterAdamW).
+    actor_param_dtype: str
+    ref_param_dtype: str
+    critic_param_dtype: str
+    compute_dtype: str  # the actor's mixed precision on CUDA; on CPU its parameters' dtype
+    ref_compute_dtype: str  # the actor's on CUDA (one mesh, one policy); on CPU the reference's parameters' dtype
     critic_compute_dtype: str
+    # Ranks in one FSDP2 shard group (fsdp_config.fsdp_size; -1 = every rank): fewer than the ranks is HSDP,
+    # sharded within groups of this size and replicated across them. The reference shares the actor's mesh.
+    actor_fsdp_size: int
+    critic_fsdp_size: int
+    reward_model_fsdp_size: int
+    fused_logprobs: bool  # model.use_fused_kernels / use_liger: log-probs and entropy from hidden states in chunks
+    activation_offload: bool  # model.enable_activation_offload on CUDA: saved activations wait in host memory
+    actor_compile: bool  # actor.use_torch_compile: the actor's decoder layers run through torch.compile
+    ref_compile: bool
     actor_update: UpdateBatches
     actor_log_prob: MicroBatches  # the old-log-prob pass (rollout.log_prob_*)
     ref_log_prob: MicroBatches  # the reference pass (ref.log_prob_*)
@@ -88,7 +102,19 @@ class RunPlan:
         return (f"[plan] {self.n_ranks} rank(s) on {self.device} ({self.nnodes} node(s)), engine {self.rollout_engine}"
                 f"{' shared per node' if self.share_cpu_engine else ''}, old log-probs: {self.old_log_prob_source}, "
                 f"{'+'.join(passes) or 'no reference/critic'}, remove padding {'on' if self.remove_padding else 'off'}, "
-                f"compute {self.compute_dtype}; {sizes}")
+                f"compute {self.compute_dtype}{self._levers()}; {sizes}")
+
+    def _levers(self) -> str:
+        """The memory levers switched on, for `describe`."""
+        on = [f"params {self.actor_param_dtype}"] if self.actor_param_dtype != "float32" else []
+        if self.ref_param_dtype != self.actor_param_dtype and self.use_reference_policy:
+            on.append(f"reference {self.ref_param_dtype}")
+        if self.actor_fsdp_size < self.n_ranks:
+            on.append(f"HSDP shard groups of {self.actor_fsdp_size}")
+        on += [name for name, flag in (("fused log-probs", self.fused_logprobs),
+                                       ("activation offload", self.activation_offload),
+                                       ("compiled actor", self.actor_compile)) if flag]
+        return f" ({', '.join(on)})" if on else ""
 
 
 def _size(micro: MicroBatches) -> str:

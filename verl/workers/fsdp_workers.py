@@ -18,14 +18,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint, save_rank_checkpoint
-from verl.utils.fsdp_utils import build_optimizer, move_optimizer_state, shard_model
+from verl.utils.fsdp_utils import build_optimizer, compile_layers, fsdp_mesh, move_optimizer_state, shard_model
 from verl.utils.import_utils import import_external_libs
 from verl.utils.lora import apply_lora, load_lora_adapter, lora_scaling, lora_settings, merge_lora_items
 from verl.utils.packing import uses_varlen_attention
@@ -252,7 +251,8 @@ class ActorRolloutRefWorker(Worker):
         start_rank(self, device, seed)
 
     # ------------------------------------------------------------------------------------------------- models
-    def _load_hf_model(self):
+    def _load_hf_model(self, dtype: str = "float32"):
+        """The HF causal LM at model.path on this rank's device, its parameters in `dtype` (a torch dtype's name)."""
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -261,7 +261,7 @@ class ActorRolloutRefWorker(Worker):
         model_cfg = self.config.model
         model = AutoModelForCausalLM.from_pretrained(
             os.path.expanduser(model_cfg.path),
-            dtype=torch.float32,
+            dtype=getattr(torch, dtype),
             trust_remote_code=model_cfg.trust_remote_code,
             **OmegaConf.to_container(model_cfg.override_config, resolve=True),
         )
@@ -283,14 +283,14 @@ class ActorRolloutRefWorker(Worker):
 
         plan = self.plan
         self._torch_device = rank_device(self.device)
-        self._mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("fsdp",))
+        self._mesh = fsdp_mesh(self.device, self.world_size, plan.actor_fsdp_size)
         model_cfg = self.config.model
         self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path or model_cfg.path),
                                                        trust_remote_code=model_cfg.trust_remote_code)
         lora = lora_settings(model_cfg)
         self._lora = lora is not None
         if self._is_actor:
-            model = self._load_hf_model()
+            model = self._load_hf_model(plan.actor_param_dtype)
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if model_cfg.get("lora_adapter_path"):
@@ -299,20 +299,27 @@ class ActorRolloutRefWorker(Worker):
                 model = apply_lora(model, *lora, model_cfg.get("exclude_modules"))
             self.actor_module = shard_model(model, self._mesh, self.device, self.config.actor.fsdp_config,
                                             compute_dtype=plan.compute_dtype)
+            if plan.actor_compile:
+                compile_layers(self.actor_module)
             self.actor_optimizer, self.actor_lr_scheduler = optimizer_from_config(self.actor_module,
                                                                             self.config.actor.optim)
             self.actor = DataParallelPPOActor(self.config.actor, self.actor_module, self.actor_optimizer,
-                                              use_remove_padding=plan.remove_padding, batches=plan.actor_update)
+                                              use_remove_padding=plan.remove_padding, batches=plan.actor_update,
+                                              **self._forward_levers(plan))
         if self._is_ref and self._lora:  # the base model is the actor with its adapter switched off
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.actor_module,
-                                                   use_remove_padding=plan.remove_padding)
+                                                   use_remove_padding=plan.remove_padding,
+                                                   **self._forward_levers(plan))
         elif self._is_ref:
-            ref_model = self._load_hf_model()
+            ref_model = self._load_hf_model(plan.ref_param_dtype)
             ref_model.requires_grad_(False)
             self.ref_module = shard_model(ref_model, self._mesh, self.device, self.config.ref.fsdp_config,
-                                          compute_dtype=plan.compute_dtype)
+                                          compute_dtype=plan.ref_compute_dtype)
+            if plan.ref_compile:
+                compile_layers(self.ref_module)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module,
-                                                   use_remove_padding=plan.remove_padding)
+                                                   use_remove_padding=plan.remove_padding,
+                                                   **self._forward_levers(plan))
         if self._is_rollout:
             rollout = self.config.rollout
             name = plan.rollout_engine
@@ -338,6 +345,11 @@ class ActorRolloutRefWorker(Worker):
                 self.agent_loops = build_agent_loop_manager(self.rollout, self.tokenizer, self.config, self.rank)
             if self._is_actor:
                 self._sync_rollout_weights()
+
+    @staticmethod
+    def _forward_levers(plan: RunPlan) -> dict:
+        """The plan's levers of the actor's and reference's passes, as DataParallelPPOActor takes them."""
+        return {"fused_logprobs": plan.fused_logprobs, "activation_offload": plan.activation_offload}
 
     def _sync_rollout_weights(self) -> float:
         """Push the actor's current weights into the rollout engine; returns the seconds it took."""
@@ -537,7 +549,8 @@ class CriticWorker(Worker):
         config.num_labels = 1
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32,
+            model = AutoModelForTokenClassification.from_pretrained(path, config=config,
+                                                                    dtype=getattr(torch, self.plan.critic_param_dtype),
                                                                     trust_remote_code=trust)
         model.config.architectures = [type(model).__name__]  # what the merger rebuilds from the saved config
         return model.to(self._torch_device)
@@ -549,7 +562,7 @@ class CriticWorker(Worker):
         from transformers import AutoTokenizer
 
         self._torch_device = rank_device(self.device)
-        self._mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("fsdp",))
+        self._mesh = fsdp_mesh(self.device, self.world_size, self.plan.critic_fsdp_size)
         model_cfg = self.config.model
         self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path),
                                                        trust_remote_code=model_cfg.trust_remote_code)

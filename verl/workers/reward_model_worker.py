@@ -21,12 +21,11 @@ import os
 import torch
 from omegaconf import DictConfig
 from tensordict import TensorDict
-from torch.distributed.device_mesh import init_device_mesh
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
-from verl.utils.fsdp_utils import reshard_all, shard_model
+from verl.utils.fsdp_utils import fsdp_mesh, reshard_all, shard_model
 from verl.utils.import_utils import import_external_libs
 from verl.utils.packing import pack_rows, uses_varlen_attention
 from verl.utils.run_plan import RunPlan
@@ -82,6 +81,7 @@ class RewardModelWorker(Worker):
             # Ray shows each actor only its own GPU, so local ranks map onto the visible devices.
             torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
         self.micro = plan.reward_model_forward
+        self.shard_group = plan.reward_model_fsdp_size
         self._warned_no_raw_prompt = False
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
@@ -120,7 +120,7 @@ class RewardModelWorker(Worker):
         self.vocab_rows = model.get_input_embeddings().num_embeddings
         model.requires_grad_(False)
         model.eval()
-        mesh = init_device_mesh(self.device, (self.world_size,), mesh_dim_names=("fsdp",))
+        mesh = fsdp_mesh(self.device, self.world_size, self.shard_group)
         self.module = shard_model(model.to(self._torch_device), mesh, self.device, model_cfg.fsdp_config)
         self.score_head = head
         # use_remove_padding: one packed row under a varlen attention kernel, else rows no wider than the batch's.

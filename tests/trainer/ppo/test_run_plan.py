@@ -104,11 +104,37 @@ def test_which_passes_and_processes_run():
 
 def test_engine_dtypes_and_remove_padding_come_from_one_place():
     cpu, cuda = _plan(), _plan(device="cuda")
-    assert (cpu.rollout_engine, cpu.compute_dtype, cpu.param_dtype) == ("hf", "float32", "float32")
+    assert (cpu.rollout_engine, cpu.compute_dtype, cpu.actor_param_dtype) == ("hf", "float32", "float32")
     assert cuda.compute_dtype == "bfloat16"  # fsdp_config.dtype's default, on CUDA only
     assert _plan("actor_rollout_ref.actor.fsdp_config.dtype=fp16", device="cuda").compute_dtype == "float16"
     assert cpu.remove_padding is True  # the YAML's default, not a constructor's
     assert _plan("actor_rollout_ref.model.use_remove_padding=false").remove_padding is False
+    # model_dtype: the parameters' dtype; on CPU also the compute dtype (no mixed precision there).
+    bf16_ref = _plan("actor_rollout_ref.ref.fsdp_config.model_dtype=bf16", "actor_rollout_ref.actor.use_kl_loss=true")
+    assert (bf16_ref.ref_param_dtype, bf16_ref.ref_compute_dtype, bf16_ref.actor_param_dtype) == (
+        "bfloat16", "bfloat16", "float32")
+    bf16_actor = _plan("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16", device="cuda")
+    assert (bf16_actor.actor_param_dtype, bf16_actor.compute_dtype, bf16_actor.ref_param_dtype) == (
+        "bfloat16", "bfloat16", "float32")
+    with pytest.raises(ConfigError, match="critic.model.fsdp_config.model_dtype='int8' must be one of"):
+        validate_ppo_config(load_config(overrides=["critic.model.fsdp_config.model_dtype=int8"]))
+
+
+def test_hsdp_shard_groups_and_the_memory_levers_are_planned():
+    two = ("trainer.n_gpus_per_node=2", "trainer.cpu_ranks_per_node=2")
+    assert _plan(*two).actor_fsdp_size == 2  # -1: every rank in one shard group
+    assert _plan(*two, "actor_rollout_ref.actor.fsdp_config.fsdp_size=1").actor_fsdp_size == 1
+    assert _plan(*two, "critic.model.fsdp_config.fsdp_size=2").critic_fsdp_size == 2
+    with pytest.raises(ConfigError, match="actor_rollout_ref.actor.fsdp_config.fsdp_size=3 must be -1 or divide"):
+        _plan(*two, "actor_rollout_ref.actor.fsdp_config.fsdp_size=3")
+    levers = _plan("actor_rollout_ref.model.use_fused_kernels=true", "actor_rollout_ref.actor.use_torch_compile=true",
+                   "actor_rollout_ref.model.enable_activation_offload=true", device="cuda")
+    assert (levers.fused_logprobs, levers.actor_compile, levers.ref_compile, levers.activation_offload) == (
+        True, True, True, True)
+    assert _plan("actor_rollout_ref.model.use_liger=true").fused_logprobs  # the same path
+    # On CPU the activations are in host memory already.
+    assert not _plan("actor_rollout_ref.model.enable_activation_offload=true").activation_offload
+    assert "fused log-probs" in levers.describe()
 
 
 def test_shared_cpu_engine():

@@ -383,3 +383,63 @@ def test_compute_log_prob_returns_sum_pi_squared(packed, dynamic, monkeypatch):
     torch.testing.assert_close(log_probs[mask], logprobs_from_logits(logits, data.batch["responses"])[mask],
                                atol=1e-5, rtol=1e-5)
     assert len(actor.compute_log_prob(data)) == 2  # without the flag: (log_probs, entropys) as before
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_fused_log_probs_give_the_plain_log_probs_and_entropy(packed, monkeypatch):
+    monkeypatch.setattr("verl.workers.actor.dp_actor.FUSED_CHUNK", 4)  # several chunks per micro-batch
+    model = _model()
+    data = _batch(model)
+    data.meta_info.update(micro_batch_size=4, use_dynamic_bsz=False)
+    mask = data.batch["response_mask"].bool()
+    plain, plain_entropy = _actor(_config(), model).compute_log_prob(data, calculate_entropy=True)
+    fused_actor = DataParallelPPOActor(_config(), model, use_remove_padding=packed, fused_logprobs=True)
+    for batch in (data, _with_shared_left_padding(data)):
+        fused, fused_entropy = fused_actor.compute_log_prob(batch, calculate_entropy=True)
+        torch.testing.assert_close(fused[mask], plain[mask], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fused_entropy[mask], plain_entropy[mask], atol=1e-5, rtol=1e-5)
+        assert fused_actor.compute_log_prob(batch)[1] is None  # no entropy asked: none computed
+    # The LM head is back to itself afterwards.
+    assert "forward" not in vars(model.get_output_embeddings())
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_fused_log_probs_and_activation_offload_give_the_plain_update(packed, monkeypatch, assert_same_update):
+    monkeypatch.setattr("verl.workers.actor.dp_actor.FUSED_CHUNK", 5)
+    saved_on_host = []
+    real_save_on_cpu = torch.autograd.graph.save_on_cpu
+
+    def spy(*args, **kwargs):
+        saved_on_host.append(True)
+        return real_save_on_cpu(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", spy)
+    model = _model()
+    data = _batch(model)
+    overrides = {"ppo_micro_batch_size_per_gpu": 3, "use_kl_loss": True, "entropy_coeff": 0.01}
+    reference, ref_metrics = _update(model, data, **overrides)
+    levered = copy.deepcopy(model)
+    cfg = _config(**overrides)
+    actor = DataParallelPPOActor(cfg, levered, torch.optim.SGD(levered.parameters(), lr=1.0),
+                                 use_remove_padding=packed, batches=_actor(cfg, levered).batches,
+                                 fused_logprobs=True, activation_offload=True)
+    metrics = actor.update_policy(data)
+    assert len(saved_on_host) == 2  # each micro-batch's forward ran with its saved tensors sent to host memory
+    assert_same_update(levered, metrics, reference, ref_metrics, "actor/grad_norm")
+    assert metrics["actor/entropy_loss"] == pytest.approx(ref_metrics["actor/entropy_loss"], rel=1e-5)
+
+
+def test_compiled_layers_give_the_eager_update(assert_same_update):
+    from verl.utils.fsdp_utils import compile_layers
+
+    model = _model()
+    data = _batch(model)
+    reference, ref_metrics = _update(model, data, ppo_micro_batch_size_per_gpu=3)
+    compiled = copy.deepcopy(model)
+    compile_layers(compiled)
+    cfg = _config(ppo_micro_batch_size_per_gpu=3)
+    actor = _actor(cfg, compiled, torch.optim.SGD(compiled.parameters(), lr=1.0))
+    metrics = actor.update_policy(data)
+    assert all(hasattr(layer, "_compiled_call_impl") and layer._compiled_call_impl is not None
+               for layer in compiled.model.layers)
+    assert_same_update(compiled, metrics, reference, ref_metrics, "actor/grad_norm")

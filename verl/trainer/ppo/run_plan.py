@@ -152,11 +152,22 @@ def _check_ranks(config: DictConfig, ranks: int) -> None:
 
 
 def compute_dtype(device: str, fsdp_config, section: str) -> str:
-    """The dtype a model computes in: `fsdp_config.dtype` (the YAML's default when unset) on CUDA, float32 on CPU;
-    `section` names the fsdp_config node."""
+    """The dtype a model computes in: `fsdp_config.dtype` (the YAML's default when unset) on CUDA (mixed precision),
+    on CPU its parameters' (`fsdp_config.model_dtype`, float32 by default); `section` names the fsdp_config node."""
     if device != "cuda":
-        return "float32"
+        return COMPUTE_DTYPES[str(option(fsdp_config, "model_dtype", section))]
     return COMPUTE_DTYPES[str(option(fsdp_config, "dtype", section))]
+
+
+def fsdp_size(setting: int, ranks: int, key: str) -> int:
+    """Ranks in one FSDP2 shard group: `fsdp_config.fsdp_size`, -1 (verl's default) or the rank count = every rank
+    (plain FSDP); fewer = HSDP (shard inside each group, replicate across the groups)."""
+    if setting in (-1, ranks):
+        return ranks
+    if setting < 1 or ranks % setting:
+        raise ConfigError(f"{key}={setting} must be -1 or divide the {ranks} ranks of the run "
+                          f"(a shard group of fsdp_size ranks, replicated over ranks / fsdp_size groups)")
+    return setting
 
 
 def plan_run(config: DictConfig, device: str, actor_parameters: int | None = None) -> RunPlan:
@@ -226,9 +237,22 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
         use_reward_model=bool(config.reward_model.enable),
         remove_padding=bool(model.use_remove_padding),
         critic_remove_padding=bool(config.critic.model.use_remove_padding),
-        param_dtype="float32",
+        actor_param_dtype=COMPUTE_DTYPES[actor.fsdp_config.model_dtype],
+        ref_param_dtype=COMPUTE_DTYPES[ref.fsdp_config.model_dtype],
+        critic_param_dtype=COMPUTE_DTYPES[config.critic.model.fsdp_config.model_dtype],
         compute_dtype=compute_dtype(device, actor.fsdp_config, "actor_rollout_ref.actor.fsdp_config"),
+        ref_compute_dtype=(compute_dtype(device, actor.fsdp_config, "actor_rollout_ref.actor.fsdp_config")
+                           if device == "cuda" else COMPUTE_DTYPES[ref.fsdp_config.model_dtype]),
         critic_compute_dtype=compute_dtype(device, config.critic.model.fsdp_config, "critic.model.fsdp_config"),
+        actor_fsdp_size=fsdp_size(actor.fsdp_config.fsdp_size, ranks, "actor_rollout_ref.actor.fsdp_config.fsdp_size"),
+        critic_fsdp_size=fsdp_size(config.critic.model.fsdp_config.fsdp_size, ranks,
+                                   "critic.model.fsdp_config.fsdp_size"),
+        reward_model_fsdp_size=fsdp_size(config.reward_model.model.fsdp_config.fsdp_size, ranks,
+                                         "reward_model.model.fsdp_config.fsdp_size"),
+        fused_logprobs=bool(model.use_fused_kernels or model.use_liger),
+        activation_offload=bool(model.enable_activation_offload) and device == "cuda",
+        actor_compile=bool(actor.use_torch_compile),
+        ref_compile=bool(ref.use_torch_compile),
         actor_update=actor_update,
         actor_log_prob=log_prob(rollout, "rollout"),
         ref_log_prob=log_prob(ref, "ref"),

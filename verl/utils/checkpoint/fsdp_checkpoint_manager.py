@@ -52,10 +52,18 @@ def load_file(path: str, weights_only: bool = False, mmap: bool = False):
 
 
 def _placement(tensor: torch.Tensor) -> list:
+    """How a tensor is laid out over the ranks: ["replicate"], ["shard", dim] (FSDP2: rank r holds the r-th
+    piece), or with HSDP's 2-D mesh (replicate, shard) ["shard", dim, group]: ranks 0 .. group - 1 hold the pieces
+    of one whole copy, the other groups the same pieces again."""
     if not isinstance(tensor, DTensor):
         return ["replicate"]
-    (placement,) = tensor.placements
+    *outer, placement = tensor.placements
+    if any(not isinstance(p, Replicate) for p in outer):
+        raise ValueError(f"cannot save a tensor with placements {tensor.placements}; expected a shard or "
+                         "replicated last mesh dimension, replicated across the others")
     if isinstance(placement, Shard):
+        if outer:
+            return ["shard", placement.dim, tensor.device_mesh.size(tensor.device_mesh.ndim - 1)]
         return ["shard", placement.dim]
     if isinstance(placement, Replicate):
         return ["replicate"]
@@ -95,6 +103,8 @@ def merge_tensor(name: str, pieces: list[torch.Tensor], placement: list, global_
     """The full tensor from the ranks' pieces: concatenated along the shard dim in rank order (a replicated tensor:
     rank 0's), checked against the saved global shape."""
     shapes = f"global shape {list(global_shape)}, rank shard shapes {[list(p.shape) for p in pieces]}"
+    if len(placement) > 2:  # HSDP: the first shard group's pieces make one whole copy
+        pieces = pieces[:placement[2]]
     if placement[0] == "shard":
         try:
             full = torch.cat(pieces, dim=placement[1])
@@ -189,11 +199,12 @@ def _saved_world_size(path: str) -> int:
 def _model_state(path: str, rank: int, world_size: int, saved_ws: int, current: dict) -> dict[str, torch.Tensor]:
     """This rank's model tensors, laid out like `current` (the model's state dict on this run's mesh)."""
     if saved_ws == world_size:
-        saved = load_file(_file(path, "model", rank, world_size))["tensors"]
-        missing = sorted(set(current) - set(saved))
+        saved = load_file(_file(path, "model", rank, world_size))
+        missing = sorted(set(current) - set(saved["tensors"]))
         if missing:
             raise CheckpointError(f"{_file(path, 'model', rank, world_size)} lacks {missing[:5]}")
-        return {name: _like(saved[name], ref) for name, ref in current.items()}
+        if _same_layout(saved["placements"], current):
+            return {name: _like(saved["tensors"][name], ref) for name, ref in current.items()}
     shards = [load_file(_file(path, "model", r, saved_ws), mmap=True) for r in range(saved_ws)]
     missing = sorted(set(current) - set(shards[0]["tensors"]))
     if missing:
@@ -212,10 +223,20 @@ def _model_state(path: str, rank: int, world_size: int, saved_ws: int, current: 
     }
 
 
+def _same_layout(saved: dict, current: dict) -> bool:
+    """Whether the saved placements (name -> `_placement` list) are those of the `current` tensors (name -> tensor);
+    the same number of ranks may still have saved another layout (HSDP's fsdp_size changed)."""
+    return all(saved.get(name, ["shard", 0]) == _placement(tensor) for name, tensor in current.items())
+
+
 def _optimizer_state(path: str, rank: int, world_size: int, saved_ws: int, params: list[torch.Tensor]) -> dict:
     """This rank's optimizer state dict, its per-parameter tensors laid out like the parameters `params`."""
-    if saved_ws == world_size:
+    same = saved_ws == world_size
+    if same:
         state = load_file(_file(path, "optim", rank, world_size))
+        placements = state.get("placements") or {}
+        same = _same_layout(placements, {idx: params[idx] for idx in state["state"]})
+    if same:
         state.pop("placements", None)
         state["state"] = {
             idx: {

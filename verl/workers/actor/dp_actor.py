@@ -21,6 +21,7 @@ from verl.algorithms.primitives import compute_entropy_loss
 from verl.protocol import DataProto
 from verl.utils.config import option
 from verl.utils.fsdp_utils import clip_grad_and_step, count_skipped_steps, reshard_all
+from verl.utils.fused_logprobs import CHUNK_TOKENS, fused_logprobs_and_entropy, lm_head_weight_and_bias
 from verl.utils.packing import (
     cut_shared_left_padding,
     pack_rows,
@@ -38,6 +39,8 @@ ACTOR = "actor_rollout_ref.actor"
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 # Positions per chunk with entropy_from_logits_with_chunking (verl's chunk: 2048 tokens).
 LOGITS_CHUNK = 2048
+# Tokens per chunk of the fused log-probs (model.use_fused_kernels).
+FUSED_CHUNK = CHUNK_TOKENS
 
 
 @contextlib.contextmanager
@@ -62,6 +65,47 @@ def lm_head_on_rows(model: torch.nn.Module, positions: torch.Tensor):
         handle.remove()
 
 
+def offloaded_activations(enabled: bool):
+    """model.enable_activation_offload: within the block, every tensor autograd saves for the backward pass goes to
+    pinned host memory and comes back when the backward pass needs it (torch's `save_on_cpu`); with gradient
+    checkpointing that is each layer's input. Off: nothing changes."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
+
+
+@contextlib.contextmanager
+def fused_lm_head(model: torch.nn.Module, positions: torch.Tensor, labels: torch.Tensor, temperature: float,
+                  with_entropy: bool):
+    """Within the block, the model's LM head returns, instead of logits, log p(label) and the entropy of the flat
+    `positions` of its input `(rows, width, hidden)`, computed from the hidden states and the head's weight a chunk
+    of FUSED_CHUNK tokens at a time (`verl/utils/fused_logprobs.py`): `(1, len(positions), 2)` (log-prob, entropy)
+    or `(1, len(positions), 1)`. The head's own forward never runs, so the `(tokens, vocab)` logits never exist.
+    Inside the model's forward FSDP2 has gathered the head's weight; its gradient flows as through the head."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no get_output_embeddings(): model.use_fused_kernels needs the "
+                         "LM head; set actor_rollout_ref.model.use_fused_kernels=false")
+    hf_config = getattr(model, "config", None)
+    if getattr(hf_config, "final_logit_softcapping", None):
+        raise ValueError("model.use_fused_kernels: this model caps its logits (final_logit_softcapping), which the "
+                         "fused log-probs do not apply; set actor_rollout_ref.model.use_fused_kernels=false")
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        weight, bias = lm_head_weight_and_bias(head)
+        rows = hidden.reshape(-1, hidden.shape[-1])[positions]
+        log_prob, entropy = fused_logprobs_and_entropy(rows, weight, labels, temperature, bias=bias,
+                                                       with_entropy=with_entropy, chunk_size=FUSED_CHUNK)
+        columns = (log_prob, entropy) if with_entropy else (log_prob,)
+        return torch.stack(columns, dim=-1).unsqueeze(0)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward
+
+
 class DataParallelPPOActor:
     """Computes log-probs and updates the policy of one FSDP rank.
 
@@ -71,8 +115,13 @@ class DataParallelPPOActor:
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: torch.optim.Optimizer | None = None,
-                 *, use_remove_padding: bool, batches: UpdateBatches | None = None):
+                 *, use_remove_padding: bool, batches: UpdateBatches | None = None, fused_logprobs: bool = False,
+                 activation_offload: bool = False):
         self.config = config
+        # The plan's levers: log-probs and entropy from the hidden states in chunks (`fused_lm_head`); the update's
+        # saved activations in pinned host memory until its backward pass (CUDA).
+        self.fused_logprobs = fused_logprobs
+        self.activation_offload = activation_offload
         self.batches = batches  # the plan's UpdateBatches: this rank's mini- and micro-batches (needed to update)
         self.use_remove_padding = use_remove_padding
         # Log-prob and entropy temporaries for LOGITS_CHUNK positions at a time, and recomputed in the backward.
@@ -110,9 +159,21 @@ class DataParallelPPOActor:
             micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"], response_length)
         chunking = {"chunk_size": self.logits_chunk_size, "checkpoint": self.entropy_checkpointing,
                     "with_sum_pi_squared": calculate_sum_pi_squared}
+        # The fused head gives log-probs and entropy only; sum_pi_squared needs the whole distribution.
+        fused = self.fused_logprobs and not calculate_sum_pi_squared
         if self.use_remove_padding:
             return self._forward_packed(input_ids, attention_mask, position_ids, responses, temperature,
-                                        calculate_entropy, chunking)
+                                        calculate_entropy, chunking, fused)
+        if fused:
+            batch, width = input_ids.shape
+            # The positions that predict the response tokens: the response_length before each row's last.
+            starts = torch.arange(batch, device=input_ids.device) * width + width - response_length - 1
+            positions = (starts[:, None] + torch.arange(response_length, device=input_ids.device)).reshape(-1)
+            with fused_lm_head(self.actor_module, positions, responses.reshape(-1), temperature, calculate_entropy):
+                stats = self.actor_module(input_ids=input_ids, attention_mask=attention_mask,
+                                          position_ids=position_ids, use_cache=False).logits[0]
+            stats = stats.float().view(batch, response_length, -1)
+            return (stats[..., 1] if calculate_entropy else None), stats[..., 0], None
         # The logits at position t predict token t+1, so the response tokens are predicted by the slice before them;
         # models that can (HF's `logits_to_keep`) apply the LM head to those positions only.
         keep = {"logits_to_keep": response_length + 1} if self.takes_logits_to_keep else {}
@@ -124,13 +185,20 @@ class DataParallelPPOActor:
         return entropy, log_probs, (sum_pi_squared[0] if sum_pi_squared else None)
 
     def _forward_packed(self, input_ids, attention_mask, position_ids, responses, temperature, calculate_entropy,
-                        chunking):
+                        chunking, fused: bool = False):
         """The forward pass over the real tokens only, packed into rows by `verl/utils/packing.pack_rows`: one row
         under a varlen attention kernel (flash-attn), else first-fit-decreasing rows no longer than the padded
-        batch's, ending in filler tokens. The LM head sees only the positions that predict response tokens."""
+        batch's, ending in filler tokens. The LM head sees only the positions that predict response tokens (with
+        `fused`, `fused_lm_head` turns them into log-probs and entropy directly)."""
         packed_ids, packed_positions, destination = pack_rows(input_ids, attention_mask, position_ids,
                                                               self.filler_token_id, self.varlen_attention)
         scored, predictors = response_predictors(attention_mask, destination, responses.shape[-1])
+        if fused:
+            with fused_lm_head(self.actor_module, predictors, responses[scored], temperature, calculate_entropy):
+                stats = self.actor_module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None,
+                                          use_cache=False).logits[0].float()
+            entropy = unpack_responses(stats[:, 1], scored) if calculate_entropy else None
+            return entropy, unpack_responses(stats[:, 0], scored), None
         with lm_head_on_rows(self.actor_module, predictors) as selected:
             output = self.actor_module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None,
                                        use_cache=False)
@@ -206,7 +274,9 @@ class DataParallelPPOActor:
         for micro_batches in ppo_mini_batches(data.select(batch_keys=keys).batch, cfg, self.batches):
             for micro_batch, weight in micro_batches:
                 mask = micro_batch["response_mask"]
-                entropy, log_prob, _ = self._forward_micro_batch(micro_batch, temperature, objective.needs_entropy)
+                with offloaded_activations(self.activation_offload):
+                    entropy, log_prob, _ = self._forward_micro_batch(micro_batch, temperature,
+                                                                     objective.needs_entropy)
                 token_entropy = entropy.detach() if entropy is not None else None
                 pg_loss, pg_metrics = objective.policy_loss(
                     old_log_prob=micro_batch["old_log_probs"] if has_old else log_prob.detach(),

@@ -107,6 +107,14 @@ class WrapPolicyConfig(Section):
     min_num_params: int
 
 
+def check_model_dtype(fsdp_config, problems: list[str]) -> None:
+    """`fsdp_config.model_dtype`: the parameters' dtype, one of fsdp_utils.COMPUTE_DTYPES' names."""
+    from verl.utils.fsdp_utils import COMPUTE_DTYPES
+
+    need(fsdp_config.model_dtype in COMPUTE_DTYPES, f"{fsdp_config.__config_prefix__}.model_dtype="
+         f"{fsdp_config.model_dtype!r} must be one of {', '.join(COMPUTE_DTYPES)}", problems)
+
+
 @config_section(f"{ACTOR}.fsdp_config")
 class FSDPConfig(Section):
     param_offload: bool
@@ -123,6 +131,9 @@ class FSDPConfig(Section):
 
         need(self.dtype in COMPUTE_DTYPES, f"{self.__config_prefix__}.dtype={self.dtype!r} must be one of "
              f"{', '.join(COMPUTE_DTYPES)}", problems)
+        check_model_dtype(self, problems)
+        need(self.fsdp_size == -1 or self.fsdp_size >= 1, f"{self.__config_prefix__}.fsdp_size={self.fsdp_size} "
+             "must be -1 (every rank in one shard group) or a positive number of ranks", problems)
 
 
 @config_section(f"{ACTOR}.checkpoint")
@@ -236,6 +247,9 @@ class RefFSDPConfig(Section):
     model_dtype: str
     wrap_policy: WrapPolicyConfig
 
+    def check(self, problems: list[str]) -> None:
+        check_model_dtype(self, problems)
+
 
 @config_section(REF)
 class RefConfig(Section):
@@ -244,6 +258,7 @@ class RefConfig(Section):
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int
     ulysses_sequence_parallel_size: int
+    use_torch_compile: bool
     entropy_from_logits_with_chunking: bool
     entropy_checkpointing: bool
     fsdp_config: RefFSDPConfig

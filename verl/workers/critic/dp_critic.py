@@ -73,14 +73,14 @@ class DataParallelPPOCritic:
         if not self.use_remove_padding:
             output = self.critic_module(input_ids=input_ids, attention_mask=attention_mask,
                                         position_ids=position_ids, use_cache=False)
-            return output.logits[:, -response_length - 1 : -1, 0] * response_mask
+            return output.logits[:, -response_length - 1 : -1, 0].float() * response_mask
 
         packed_ids, packed_positions, destination = pack_rows(input_ids, attention_mask, position_ids,
                                                               self.filler_token_id, self.varlen_attention)
         output = self.critic_module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None,
                                     use_cache=False)
         scored, before = response_predictors(attention_mask, destination, response_length)
-        return unpack_responses(output.logits[..., 0].flatten()[before], scored)
+        return unpack_responses(output.logits[..., 0].flatten()[before].float(), scored)
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
