@@ -58,3 +58,23 @@ def test_ppo_with_gae_trains_the_critic_and_resumes_exactly(ray_session, tiny_mo
         tiny_model_dir))
     assert [m["training/global_step"] for m in resumed] == [3]
     assert _comparable(resumed[0]) == pytest.approx(_comparable(straight[2]), rel=1e-6, abs=1e-7)
+
+
+def test_ppo_with_ulysses_sequence_parallelism_trains(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
+    """ulysses_sequence_parallel_size=2 on the 2 ranks for the actor, the reference and the critic (one data-parallel
+    group): the sequences of every pass are split over the ranks; the steps train with finite losses, the KL to the
+    reference grows from the first mini-batch's 0 as the actor moves, and the weights move and reach the rollout."""
+    from e2e_utils import fit_trainer
+
+    trainer, history, before, after, _ = fit_trainer(tiny_overrides(
+        tiny_model_dir, arithmetic_data_dir, *PPO, "trainer.critic_warmup=0", "trainer.total_training_steps=2",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2",
+        "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.rollout_correction.bypass_mode=false",
+        f"trainer.default_local_dir={tmp_path}"), tiny_model_dir)
+    assert (trainer.plan.sequence_parallel, trainer.plan.actor_dp, trainer.plan.actor_update.mini_batch) == (2, 1, 8)
+    for metrics in history:
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", *CRITIC_METRICS):
+            assert math.isfinite(metrics[key]), key
+    assert 0 < history[0]["actor/kl_loss"] < history[1]["actor/kl_loss"]
+    for a, b in zip(after, before):
+        assert abs(a["actor"] - b["actor"]) > 1e-6 and a["rollout"] == pytest.approx(a["actor"], rel=1e-6)

@@ -147,6 +147,7 @@ def test_each_memory_lever_changes_its_part():
     assert phases(entropy, shape=wide_vocab)["update_actor"]["logits"] == 4 * 5000 * 4 * 8
     fused = phases(entropy, "actor_rollout_ref.model.use_fused_kernels=true", shape=wide_vocab)
     assert fused["update_actor"]["logits"] == 4 * 5000 * 4 * 3
+    plain_update = phases()["update_actor"]
     # bf16 reference: its weights at 2 bytes, sharded over the 2 ranks.
     assert phases("actor_rollout_ref.ref.fsdp_config.model_dtype=bf16")["ref"]["ref weights"] == 2 * 1000 // 2
     # bf16 actor: weights and gradients at 2 bytes; the optimizer adds float32 masters to the two moments.
@@ -161,6 +162,10 @@ def test_each_memory_lever_changes_its_part():
     offloaded = phases(*cuda, "actor_rollout_ref.model.enable_activation_offload=true",
                        device="cuda")["update_actor"]["activations"]
     assert offloaded * SMALL.layers == on_device
+    # Ulysses over the 2 ranks: each holds half of every sequence's 10 tokens (plus the full 10 x 10 mask).
+    sequence_parallel = phases("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2")["update_actor"]
+    assert sequence_parallel["activations"] == 5 * 2 * 4 * 8 and plain_update["activations"] == 10 * 2 * 4 * 8
+    assert sequence_parallel["sequence-parallel mask"] == 10 * 10
     assert base.actor_rollout_ref.model.use_fused_kernels is False  # the defaults stay off
 
 

@@ -272,8 +272,9 @@ def _planned_passes(plan: RunPlan) -> dict[str, tuple[MicroBatches, int]]:
         batches = getattr(plan, field)
         if field.endswith("_update"):
             passes[field] = (batches.micro, batches.mini_batch)
-        else:
-            passes[field] = (batches, plan.rows_per_rank)
+        else:  # a sequence-parallel group's ranks hold the same rows: the rows of its data-parallel share
+            sp = plan.critic_sequence_parallel if field == "critic_forward" else plan.sequence_parallel
+            passes[field] = (batches, plan.rows_per_rank * sp)
     return passes
 
 
@@ -309,6 +310,7 @@ class _Pass:
     checkpointing: bool
     param_bytes: int = FLOAT32_BYTES  # the parameters' dtype (fsdp_config.model_dtype)
     shard: int = 1  # ranks of its FSDP2 shard group (HSDP: fsdp_size)
+    sp: int = 1  # ranks of its Ulysses group: each holds 1/sp of every sequence's tokens
 
 
 def estimate_ppo_memory(
@@ -357,8 +359,10 @@ def estimate_ppo_memory(
     def forward_parts(p: _Pass, grad: bool, entropy: bool, extra_copies: float = 0) -> dict[str, int]:
         """A pass's temporaries: the gathered weights, the activations and the logits of one micro-batch."""
         shape, c = p.shape, p.compute_bytes
-        tokens, scored = p.sequences * length, p.sequences * response
+        tokens, scored = -(-p.sequences * length // p.sp), -(-p.sequences * response // p.sp)
         parts = {"gathered weights": gathered(p)}
+        if p.sp > 1:  # the full-sequence attention mask every rank builds (verl/utils/ulysses.full_sequence_mask)
+            parts["sequence-parallel mask"] = p.sequences * length * length
         logits = 0
         if shape.vocab and plan.fused_logprobs and not extra_copies:  # a chunk of tokens at a time (no full logits)
             logits = int(min(scored, CHUNK_TOKENS) * shape.vocab * FLOAT32_BYTES * FUSED_LOGITS_COPIES)
@@ -452,7 +456,8 @@ def estimate_ppo_memory(
     actor_c = DTYPE_BYTES[plan.compute_dtype]
     if "actor_log_prob" in passes:
         sum_pi_squared = 2 if actor_cfg.calculate_sum_pi_squared else 0
-        old = _Pass(actor, actor_fsdp, actor_c, sequences("actor_log_prob"), checkpointing, actor_bytes, actor_shard)
+        old = _Pass(actor, actor_fsdp, actor_c, sequences("actor_log_prob"), checkpointing, actor_bytes, actor_shard,
+                    plan.sequence_parallel)
         phases["old_log_prob"] = {
             **resident,
             **forward_parts(old, grad=False, entropy=True, extra_copies=sum_pi_squared),
@@ -461,17 +466,18 @@ def estimate_ppo_memory(
         ref_fsdp = actor_fsdp if lora is not None else arr.ref.fsdp_config
         ref_c = actor_c if lora is not None else DTYPE_BYTES[plan.ref_compute_dtype]
         ref = _Pass(actor, ref_fsdp, ref_c, sequences("ref_log_prob"), checkpointing,
-                    actor_bytes if lora is not None else ref_bytes, actor_shard)
+                    actor_bytes if lora is not None else ref_bytes, actor_shard, plan.sequence_parallel)
         phases["ref"] = {**resident, **forward_parts(ref, grad=False, entropy=False)}
 
     # ---- the critic's passes (its own process on the same rank)
     if plan.use_critic:
         critic_c = DTYPE_BYTES[plan.critic_compute_dtype]
         critic_checkpointing = bool(config.critic.model.enable_gradient_checkpointing)
+        critic_sp = plan.critic_sequence_parallel
         values = _Pass(critic_shape, critic_fsdp, critic_c, sequences("critic_forward"), critic_checkpointing,
-                       critic_bytes, critic_shard)
+                       critic_bytes, critic_shard, critic_sp)
         train = _Pass(critic_shape, critic_fsdp, critic_c, sequences("critic_update"), critic_checkpointing,
-                      critic_bytes, critic_shard)
+                      critic_bytes, critic_shard, critic_sp)
         phases["values"] = {**resident, **forward_parts(values, grad=False, entropy=False)}
         phases["update_critic"] = {
             **resident,
@@ -480,7 +486,8 @@ def estimate_ppo_memory(
         }
 
     # ---- the actor's update: forward and backward of a micro-batch, then the optimizer step
-    train = _Pass(actor, actor_fsdp, actor_c, sequences("actor_update"), checkpointing, actor_bytes, actor_shard)
+    train = _Pass(actor, actor_fsdp, actor_c, sequences("actor_update"), checkpointing, actor_bytes, actor_shard,
+                  plan.sequence_parallel)
     update = update_parts(train, entropy=plan.update_needs_entropy)
     phases["update_actor"] = {**resident, "actor optimizer": actor_optimizer, **update}
     # AdamW's foreach step makes one temporary per moment tensor (the denominator).
@@ -588,8 +595,9 @@ def ppo_model_shapes(config: DictConfig, critic: bool) -> dict[str, ModelShape]:
 
 def _remedies(plan: RunPlan) -> list[tuple[str, str]]:
     """The keys that shrink the run, in the order they are suggested: (key, kind); "size" keys are searched for the
-    largest value that fits, "flag" keys tried switched on, "bf16" keys (a model_dtype) tried at bf16, "down" keys
-    (floats) searched for the largest value that fits. A micro-batch the estimate sized is left out: it is already the largest that fits, or 1."""
+    largest value that fits, "flag" keys tried switched on, "bf16" keys (a model_dtype) tried at bf16, "sp" keys
+    (a Ulysses group size) searched for the smallest that fits, "down" keys (floats) searched for the largest value
+    that fits. A micro-batch the estimate sized is left out: it is already the largest that fits, or 1."""
     sized = dict(plan.sized_by_memory)
     keys = []
     for micro, _ in _planned_passes(plan).values():
@@ -599,6 +607,8 @@ def _remedies(plan: RunPlan) -> list[tuple[str, str]]:
     if plan.use_critic:
         keys.append(("critic.model.enable_gradient_checkpointing", "flag"))
     keys.append(("actor_rollout_ref.model.use_fused_kernels", "flag"))
+    if plan.n_ranks > 1:
+        keys.append(("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "sp"))
     keys.append(("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "flag"))
     if plan.use_reference_policy:
         keys.append(("actor_rollout_ref.ref.fsdp_config.model_dtype", "bf16"))
@@ -644,6 +654,19 @@ def suggest_fixes(config: DictConfig, plan: RunPlan, estimate_with, capacity: in
             if peak < current_peak:
                 verdict = "fits" if peak <= capacity else f"saves {gib(current_peak - peak)}, not enough alone"
                 fixes.append(f"{key}={'true' if wanted is True else wanted}: peak {gib(peak)} ({verdict})")
+            continue
+        if kind == "sp":
+            candidates = [size for size in (2, 4, 8, 16) if size > value and plan.n_ranks % size == 0]
+            for candidate in candidates:
+                try:
+                    peak = _peak_with(config, estimate_with, key, candidate)
+                except ConfigError:  # the batch sizes do not split over that many groups
+                    continue
+                if peak < current_peak:
+                    verdict = "fits" if peak <= capacity else f"saves {gib(current_peak - peak)}, not enough alone"
+                    fixes.append(f"{key}={candidate} (now {value}): peak {gib(peak)} ({verdict})")
+                    if peak <= capacity:
+                        break
             continue
         if kind == "down":
             top = value

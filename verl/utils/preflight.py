@@ -12,6 +12,8 @@ import os
 import tempfile
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from verl.utils.config import ConfigError
 
 # Files of which a Hugging Face tokenizer directory has at least one.
@@ -125,6 +127,33 @@ def check_writable_dir(path: str, key: str) -> None:
         ) from err
 
 
+def check_sequence_parallel_models(config: Any) -> None:
+    """Ulysses sequence parallelism against each model's config.json (its heads must split over the group; see
+    verl/utils/ulysses.check_sp_size): one ConfigError naming the key, before any worker starts."""
+    from transformers import AutoConfig
+
+    from verl.utils.ulysses import check_sp_size
+
+    arr = config.actor_rollout_ref
+    checks = [("actor_rollout_ref.actor.ulysses_sequence_parallel_size", arr.actor.ulysses_sequence_parallel_size,
+               arr.model.path, arr.model.override_config, arr.model.trust_remote_code)]
+    critic = config.critic
+    critic_runs = critic.enable if critic.enable is not None else config.algorithm.adv_estimator == "gae"
+    if critic_runs:  # its model: critic.model.path, the actor's when null
+        checks.append(("critic.ulysses_sequence_parallel_size", critic.ulysses_sequence_parallel_size,
+                       critic.model.path or arr.model.path, critic.model.override_config,
+                       critic.model.trust_remote_code))
+    problems = []
+    for key, sp, path, overrides, trust in checks:
+        if sp == 1 or path is None:
+            continue
+        hf_config = AutoConfig.from_pretrained(os.path.expanduser(path), trust_remote_code=trust,
+                                               **OmegaConf.to_container(overrides, resolve=True))
+        problems += [f"{key}: {problem} ({path})" for problem in check_sp_size(hf_config, sp)]
+    if problems:
+        raise ConfigError("the config has problems:\n  - " + "\n  - ".join(problems))
+
+
 def check_ppo_inputs(config: Any) -> None:
     """The model directories a PPO run reads (the actor's, and the critic's and the reward model's when set) and the
     directories it dumps generations to."""
@@ -139,6 +168,7 @@ def check_ppo_inputs(config: Any) -> None:
             check_model_dir(path, key)
     if config.reward_model.enable and config.reward_model.model.path is not None:
         check_scoring_head(config.reward_model.model.path)
+    check_sequence_parallel_models(config)
     for key in ("rollout_data_dir", "validation_data_dir"):
         if config.trainer.get(key):
             check_writable_dir(config.trainer[key], f"trainer.{key}")

@@ -47,7 +47,12 @@ class RunPlan:
     ranks_per_node: int
     n_ranks: int
     rollout_n: int
-    rows_per_rank: int
+    rows_per_rank: int  # sequences one rank generates in a step (the rollout splits the batch over every rank)
+    # Ulysses sequence parallelism (ulysses_sequence_parallel_size): groups of this many consecutive ranks hold the
+    # same sequences and split each along its length, so the actor's (and reference's) passes are data-parallel
+    # over n_ranks / sequence_parallel groups; the critic has its own size.
+    sequence_parallel: int
+    critic_sequence_parallel: int
     rollout_engine: str  # hf | vllm | openai | a user's registered engine
     agent_loop: bool  # the tool loop (sync_with_tool / multi_turn)
     async_agent: bool  # verl's per-sample agent loops (mode=async): the driver hands them every data column
@@ -88,6 +93,15 @@ class RunPlan:
     sized_by_memory: tuple[tuple[str, int], ...] = ()
 
     @property
+    def actor_dp(self) -> int:
+        """Data-parallel groups of the actor's and reference's passes (each of `sequence_parallel` ranks)."""
+        return self.n_ranks // self.sequence_parallel
+
+    @property
+    def critic_dp(self) -> int:
+        return self.n_ranks // self.critic_sequence_parallel
+
+    @property
     def processes_per_rank(self) -> int:
         """Worker processes on each rank (its resource bundle): the actor's, the critic's and the reward model's."""
         return 1 + self.use_critic + self.use_reward_model
@@ -109,6 +123,8 @@ class RunPlan:
         on = [f"params {self.actor_param_dtype}"] if self.actor_param_dtype != "float32" else []
         if self.ref_param_dtype != self.actor_param_dtype and self.use_reference_policy:
             on.append(f"reference {self.ref_param_dtype}")
+        if self.sequence_parallel > 1:
+            on.append(f"sequence parallel over {self.sequence_parallel} ranks")
         if self.actor_fsdp_size < self.n_ranks:
             on.append(f"HSDP shard groups of {self.actor_fsdp_size}")
         on += [name for name, flag in (("fused log-probs", self.fused_logprobs),

@@ -89,7 +89,7 @@ def logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, temperature
     shape = labels.shape
     flat_logits, flat_labels = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
     rows = flat_labels.shape[0]
-    step = rows if not chunk_size or chunk_size <= 0 else chunk_size
+    step = max(1, rows if not chunk_size or chunk_size <= 0 else chunk_size)  # no rows: one empty chunk
     parts = []
     for start in range(0, max(rows, 1), step):
         z, y = flat_logits[start:start + step], flat_labels[start:start + step]

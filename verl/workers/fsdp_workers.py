@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 from verl.protocol import DataProto
@@ -174,6 +175,15 @@ def _is_dim0_sharded(tensor: DTensor) -> bool:
     return tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),) and tensor.dim() > 0
 
 
+def sequence_parallel_group(device: str, world_size: int, sp: int):
+    """This rank's Ulysses group (`verl/utils/ulysses.py`): consecutive ranks, rank r in group r // sp, the layout
+    Dispatch.DP_SP_COMPUTE_PROTO hands the data out in; None without sequence parallelism. A collective."""
+    if sp == 1:
+        return None
+    mesh = init_device_mesh(device, (world_size // sp, sp), mesh_dim_names=("dp", "sp"))
+    return mesh["sp"].get_group()
+
+
 def start_rank(worker: Worker, device: str, seed: int) -> None:
     """Join the worker group's process group, take this rank's GPU and seed torch with seed + rank."""
     worker.init_process_group(device)
@@ -284,6 +294,7 @@ class ActorRolloutRefWorker(Worker):
         plan = self.plan
         self._torch_device = rank_device(self.device)
         self._mesh = fsdp_mesh(self.device, self.world_size, plan.actor_fsdp_size)
+        self._sp_group = sequence_parallel_group(self.device, self.world_size, plan.sequence_parallel)
         model_cfg = self.config.model
         self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path or model_cfg.path),
                                                        trust_remote_code=model_cfg.trust_remote_code)
@@ -346,10 +357,10 @@ class ActorRolloutRefWorker(Worker):
             if self._is_actor:
                 self._sync_rollout_weights()
 
-    @staticmethod
-    def _forward_levers(plan: RunPlan) -> dict:
+    def _forward_levers(self, plan: RunPlan) -> dict:
         """The plan's levers of the actor's and reference's passes, as DataParallelPPOActor takes them."""
-        return {"fused_logprobs": plan.fused_logprobs, "activation_offload": plan.activation_offload}
+        return {"fused_logprobs": plan.fused_logprobs, "activation_offload": plan.activation_offload,
+                "sp_group": self._sp_group}
 
     def _sync_rollout_weights(self) -> float:
         """Push the actor's current weights into the rollout engine; returns the seconds it took."""
@@ -432,7 +443,7 @@ class ActorRolloutRefWorker(Worker):
         data.meta_info["use_dynamic_bsz"] = micro.dynamic
         data.meta_info["max_token_len"] = micro.max_token_len
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_SP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """`old_log_probs` and `entropys` of the responses under the current actor weights, and with
         actor.calculate_sum_pi_squared the `sum_pi_squared` the optimal token baseline reads."""
@@ -445,7 +456,7 @@ class ActorRolloutRefWorker(Worker):
             tensors["sum_pi_squared"] = extra[0]
         return DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_SP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """`ref_log_prob` of the responses under the frozen reference model."""
         self._log_prob_meta(data, self.plan.ref_log_prob)
@@ -454,7 +465,7 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     # ---------------------------------------------------------------------------------------------- update
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_SP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         """One PPO update on this rank's share, an lr-scheduler step, then the new weights go to the rollout."""
         data.meta_info.setdefault("temperature", self.config.rollout.temperature)
@@ -563,6 +574,7 @@ class CriticWorker(Worker):
 
         self._torch_device = rank_device(self.device)
         self._mesh = fsdp_mesh(self.device, self.world_size, self.plan.critic_fsdp_size)
+        sp_group = sequence_parallel_group(self.device, self.world_size, self.plan.critic_sequence_parallel)
         model_cfg = self.config.model
         self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path),
                                                        trust_remote_code=model_cfg.trust_remote_code)
@@ -575,14 +587,15 @@ class CriticWorker(Worker):
         self.critic_optimizer, self.critic_lr_scheduler = optimizer_from_config(self.critic_module, self.config.optim)
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
                                             use_remove_padding=plan.critic_remove_padding,
-                                            batches=plan.critic_update, forward=plan.critic_forward)
+                                            batches=plan.critic_update, forward=plan.critic_forward,
+                                            sp_group=sp_group)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_SP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """`values` `(bs, response_len)` of this rank's responses under the current critic weights."""
         return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_SP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         """One value update on this rank's share (`values`, `returns`), then an lr-scheduler step."""
         start = time.perf_counter()

@@ -180,3 +180,30 @@ def test_auto_takes_vllms_cpu_build_for_a_large_actor_it_can_run(tmp_path):
     Qwen2Config(vocab_size=64, hidden_size=48, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1,
                 intermediate_size=64).save_pretrained(tmp_path)
     assert _plan(f"actor_rollout_ref.model.path={tmp_path}", parameters=large).rollout_engine == "hf"
+
+
+def test_sequence_parallel_groups_are_planned_and_checked(tiny_model_dir):
+    from verl.utils.preflight import check_sequence_parallel_models
+
+    sp = ("trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+          "actor_rollout_ref.actor.ppo_mini_batch_size=2", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2")
+    plan = _plan(*sp, "trainer.cpu_ranks_per_node=4")
+    # 4 ranks in 2 groups of 2: generation splits 8 sequences over 4 ranks, the actor's passes over 2 groups.
+    assert (plan.n_ranks, plan.sequence_parallel, plan.actor_dp, plan.rows_per_rank) == (4, 2, 2, 2)
+    assert plan.actor_update.mini_batch == 2 * 2 // 2 and plan.critic_sequence_parallel == 1
+    assert "sequence parallel over 2 ranks" in plan.describe()
+    # A large actor on one CPU node keeps the ranks its groups need.
+    assert _plan(*sp, parameters=SHARED_ENGINE_MIN_PARAMETERS).n_ranks == 4
+    with pytest.raises(ConfigError, match="ref.ulysses_sequence_parallel_size=1 must equal"):
+        _plan(*sp, "actor_rollout_ref.ref.ulysses_sequence_parallel_size=1")
+    with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size=3 must divide the number of ranks 4"):
+        validate_ppo_config(load_config(overrides=["trainer.n_gpus_per_node=4",
+                                                   "actor_rollout_ref.actor.ulysses_sequence_parallel_size=3"]))
+    # The model's heads must split over a group (the tiny model has 2).
+    check_sequence_parallel_models(load_config(overrides=[f"actor_rollout_ref.model.path={tiny_model_dir}",
+                                                          "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"]))
+    with pytest.raises(ConfigError, match="actor_rollout_ref.actor.ulysses_sequence_parallel_size: "
+                                          "ulysses_sequence_parallel_size=4 must divide the model's "
+                                          "num_attention_heads=2"):
+        check_sequence_parallel_models(load_config(overrides=[
+            f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4"]))

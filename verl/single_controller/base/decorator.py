@@ -9,7 +9,8 @@ A worker method decorated with ``@register(dispatch_mode=...)`` becomes a method
    `Execute.RANK_ZERO` or a rank-zero dispatch mode: rank 0 only, whose result is returned as is).
 3. ``collect_fn(worker_group, outputs) -> result`` merges the per-rank outputs, given as a list in rank order.
 
-Dispatch functions only read ``worker_group.world_size``, so they can be tested without Ray.
+Dispatch functions only read ``worker_group.world_size`` (and ``sequence_parallel``, the ranks of one Ulysses group, 1
+when the group has none), so they can be tested without Ray.
 
 Every registered method also passes the device door (`device_door`): the driver's batches live on the CPU, and a
 worker computes on its rank's device. On entry each `DataProto` argument moves to ``worker.batch_device``; on exit the
@@ -94,6 +95,28 @@ def dispatch_dp_proto(worker_group, *args, **kwargs):
     return tuple(split(a) for a in args), {k: split(v) for k, v in kwargs.items()}
 
 
+def dispatch_sp_proto(worker_group, *args, **kwargs):
+    """Each DataProto argument is cut into one chunk per data-parallel group: groups of
+    ``worker_group.sequence_parallel`` consecutive ranks (Ulysses sequence parallelism) hold the same chunk, and
+    rank i gets chunk i // sequence_parallel; other arguments are broadcast. Without sequence parallelism this is
+    `dispatch_dp_proto`."""
+    n, sp = worker_group.world_size, getattr(worker_group, "sequence_parallel", 1)
+
+    def split(value):
+        if not isinstance(value, DataProto):
+            return [value] * n
+        chunks = _chunk_proto(value, n // sp)
+        return [chunks[rank // sp] for rank in range(n)]
+
+    return tuple(split(a) for a in args), {k: split(v) for k, v in kwargs.items()}
+
+
+def collect_sp_proto(worker_group, outputs: list) -> DataProto:
+    """The first rank of each sequence-parallel group speaks for it (its ranks return the same batch); concatenated
+    in group order."""
+    return collect_dp_proto(worker_group, outputs[:: getattr(worker_group, "sequence_parallel", 1)])
+
+
 def collect_list(worker_group, outputs: list) -> list:
     return outputs
 
@@ -122,6 +145,8 @@ class Dispatch:
     DP_COMPUTE         same as ALL_TO_ALL (the name verl uses for data-parallel work on plain lists).
     DP_COMPUTE_PROTO   DataProto arguments are chunked over ranks; the DataProto outputs are concatenated.
     DP_COMPUTE_METRIC  DataProto arguments are chunked over ranks; the list of per-rank outputs is returned.
+    DP_SP_COMPUTE_PROTO  DataProto arguments are chunked over the data-parallel groups of Ulysses sequence
+                       parallelism (a group's ranks get the same chunk); one output per group, concatenated.
     """
 
     RANK_ZERO = DispatchMode("RANK_ZERO", dispatch_one_to_all, collect_rank_zero, rank_zero_only=True)
@@ -130,6 +155,7 @@ class Dispatch:
     DP_COMPUTE = DispatchMode("DP_COMPUTE", dispatch_all_to_all, collect_list)
     DP_COMPUTE_PROTO = DispatchMode("DP_COMPUTE_PROTO", dispatch_dp_proto, collect_dp_proto)
     DP_COMPUTE_METRIC = DispatchMode("DP_COMPUTE_METRIC", dispatch_dp_proto, collect_list)
+    DP_SP_COMPUTE_PROTO = DispatchMode("DP_SP_COMPUTE_PROTO", dispatch_sp_proto, collect_sp_proto)
 
 
 def register_dispatch_mode(name: str, dispatch_fn: Callable, collect_fn: Callable) -> DispatchMode:

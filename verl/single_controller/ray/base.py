@@ -181,9 +181,12 @@ class RayWorkerGroup:
         ray_cls_with_init: RayClassWithInitArgs,
         name_prefix: str | None = None,
         device: str = "cpu",
+        sequence_parallel: int = 1,
     ):
         self.resource_pool = resource_pool
         self.device = device
+        # Ranks per Ulysses group (the run plan's): Dispatch.DP_SP_COMPUTE_PROTO gives a group's ranks one chunk.
+        self.sequence_parallel = sequence_parallel
         # Actor names must be unique in the cluster, also while an earlier group's actors are still being killed.
         self.name_prefix = f"{name_prefix or 'wg'}_{uuid.uuid4().hex[:6]}"
         self._workers: list = []

@@ -67,30 +67,37 @@ def check_batch_sizes(config: PPOTrainerConfig, problems: list[str]) -> None:
                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": rollout.log_prob_max_token_len_per_gpu,
                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu":
                    config.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu}
-    check_mini_batches(config, "actor_rollout_ref.actor", actor, "actor_rollout_ref.rollout.n", n, budgets, problems)
+    sp = actor.ulysses_sequence_parallel_size
+    check_mini_batches(config, "actor_rollout_ref.actor", actor, "actor_rollout_ref.rollout.n", n, budgets, problems,
+                       sp_key="actor_rollout_ref.actor.ulysses_sequence_parallel_size", sp=sp)
 
 
 def check_mini_batches(config: PPOTrainerConfig, prefix: str, section, n_key: str, n: int, budgets: dict[str, int],
-                       problems: list[str]) -> None:
+                       problems: list[str], sp_key: str, sp: int) -> None:
     """The batch sizes of a trained section (the actor's or the critic's node `section`, named `prefix`): its
-    ppo_mini_batch_size counts prompts of `n` responses each (`n_key`), split over the ranks into micro-batches of
-    ppo_micro_batch_size_per_gpu (or the deprecated global ppo_micro_batch_size / ranks); with use_dynamic_bsz every
-    token budget of `budgets` (key -> value) holds a whole sequence."""
+    ppo_mini_batch_size counts prompts of `n` responses each (`n_key`), split over the data-parallel groups (the
+    ranks / `sp`, the Ulysses group size set by `sp_key`) into micro-batches of ppo_micro_batch_size_per_gpu (or the
+    deprecated global ppo_micro_batch_size / groups); with use_dynamic_bsz every token budget of `budgets`
+    (key -> value) holds a whole sequence."""
     data, trainer = config.data, config.trainer
     n_ranks = world_size(trainer)
+    need(sp >= 1 and n_ranks % sp == 0, f"{sp_key}={sp} must divide the number of ranks {n_ranks} "
+         "(trainer.nnodes * trainer.n_gpus_per_node)", problems)
+    groups = n_ranks // sp if sp >= 1 and n_ranks % sp == 0 else n_ranks
+    where = (f"the number of ranks {n_ranks} (trainer.nnodes * trainer.n_gpus_per_node)" if groups == n_ranks else
+             f"the {groups} data-parallel groups (ranks / {sp_key})")
     bsz, mini = data.train_batch_size, section.ppo_mini_batch_size
     need(bsz % mini == 0, f"data.train_batch_size={bsz} must be divisible by {prefix}.ppo_mini_batch_size={mini}",
          problems)
-    need(mini * n % n_ranks == 0,
-         f"{prefix}.ppo_mini_batch_size * {n_key} = {mini} * {n} = {mini * n} must be divisible by the number of "
-         f"ranks {n_ranks} (trainer.nnodes * trainer.n_gpus_per_node)", problems)
+    need(mini * n % groups == 0,
+         f"{prefix}.ppo_mini_batch_size * {n_key} = {mini} * {n} = {mini * n} must be divisible by {where}", problems)
     micro = section.ppo_micro_batch_size_per_gpu
     if section.ppo_micro_batch_size is not None:
-        micro = max(1, section.ppo_micro_batch_size // n_ranks)
-    if not section.use_dynamic_bsz and micro is not None and mini * n % n_ranks == 0:
-        per_rank = mini * n // n_ranks
+        micro = max(1, section.ppo_micro_batch_size // groups)
+    if not section.use_dynamic_bsz and micro is not None and mini * n % groups == 0:
+        per_rank = mini * n // groups
         need(micro >= 1 and per_rank % micro == 0,
-             f"the per-rank mini-batch ({prefix}.ppo_mini_batch_size * {n_key} / ranks = {per_rank}) must be "
+             f"the per-rank mini-batch ({prefix}.ppo_mini_batch_size * {n_key} / {groups} = {per_rank}) must be "
              f"divisible by {prefix}.ppo_micro_batch_size_per_gpu={micro}", problems)
     if section.use_dynamic_bsz:
         seq_len = data.max_prompt_length + data.max_response_length
@@ -116,7 +123,8 @@ def check_critic(config: PPOTrainerConfig, problems: list[str]) -> None:
         return
     budgets = {f"critic.{key}": getattr(critic, key)
                for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu")}
-    check_mini_batches(config, "critic", critic, "critic.rollout_n", critic.rollout_n, budgets, problems)
+    check_mini_batches(config, "critic", critic, "critic.rollout_n", critic.rollout_n, budgets, problems,
+                       sp_key="critic.ulysses_sequence_parallel_size", sp=critic.ulysses_sequence_parallel_size)
 
 
 def check_estimator_inputs(config: PPOTrainerConfig, problems: list[str]) -> None:
@@ -214,15 +222,10 @@ INERT_KEYS: dict[str, str] = {
     "data.filter_overlong_prompts_workers": "prompt lengths come from one batched tokenizer call",
     "actor_rollout_ref.hybrid_engine": "actor, rollout and reference always share one worker per rank",
     "actor_rollout_ref.model.use_shm": "the model is read from model.path",
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "no sequence parallelism: each rank holds whole "
-                                                              "sequences",
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params": "each decoder layer is one FSDP2 unit",
     "actor_rollout_ref.actor.checkpoint.load_contents": "a resume always loads model, optimizer and extra state",
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "no sequence parallelism: each rank holds whole "
-                                                            "sequences",
     "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params": "each decoder layer is one FSDP2 unit",
     "actor_rollout_ref.rollout.layered_summon": "the weight push gathers one tensor at a time already",
-    "critic.ulysses_sequence_parallel_size": "no sequence parallelism: each rank holds whole sequences",
     "critic.model.fsdp_config.wrap_policy.min_num_params": "each decoder layer is one FSDP2 unit",
     "critic.checkpoint.load_contents": "a resume always loads model, optimizer and extra state",
     "reward_model.launch_reward_fn_async": "rewards are computed on the driver right after generation",

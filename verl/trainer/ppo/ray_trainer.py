@@ -178,12 +178,13 @@ class RayPPOTrainer:
         worker_cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=role,
                                           seed=cfg.trainer.seed, **common)
         self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, name_prefix="actor_rollout",
-                                               device=self.device)
+                                               device=self.device, sequence_parallel=plan.sequence_parallel)
         self.critic_wg = self.rm_wg = None
         loading = []  # futures: the critic and the reward model load while the actor does
         if self.use_critic:
             critic_cls = RayClassWithInitArgs(CriticWorker, config=cfg.critic, seed=cfg.trainer.seed, **common)
-            self.critic_wg = RayWorkerGroup(self.resource_pool, critic_cls, name_prefix="critic", device=self.device)
+            self.critic_wg = RayWorkerGroup(self.resource_pool, critic_cls, name_prefix="critic", device=self.device,
+                                            sequence_parallel=plan.critic_sequence_parallel)
             loading.append(self.critic_wg.init_model())
         if plan.use_reward_model:
             rm_cls = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model, **common)

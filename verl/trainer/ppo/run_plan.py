@@ -124,15 +124,28 @@ def share_cpu_engine(setting, engine: str, device: str, nnodes: int, n_ranks: in
     return bool(setting) or (actor_parameters or 0) >= SHARED_ENGINE_MIN_PARAMETERS
 
 
-def ranks_per_node(trainer, device: str, actor_parameters: int | None) -> int:
+def sequence_parallel_sizes(config: DictConfig) -> tuple[int, int]:
+    """(the actor's and reference's Ulysses group size, the critic's): ulysses_sequence_parallel_size. The reference
+    runs on the actor's ranks with the actor's groups, so its size must be the actor's (verl's default
+    interpolates it so)."""
+    arr = config.actor_rollout_ref
+    sp, ref_sp = arr.actor.ulysses_sequence_parallel_size, arr.ref.ulysses_sequence_parallel_size
+    if ref_sp != sp:
+        raise ConfigError(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={ref_sp} must equal "
+                          f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}: the reference model runs on "
+                          "the actor's ranks, in the actor's sequence-parallel groups")
+    return sp, config.critic.ulysses_sequence_parallel_size
+
+
+def ranks_per_node(trainer, device: str, actor_parameters: int | None, sequence_parallel: int = 1) -> int:
     """Ranks on each node: trainer.n_gpus_per_node on GPUs; on CPU trainer.cpu_ranks_per_node, and when that is null
-    one rank using all the node's cores for a single-node run of an actor of ONE_CPU_RANK_MIN_PARAMETERS or more,
-    else n_gpus_per_node."""
+    one rank using all the node's cores for a single-node run of an actor of ONE_CPU_RANK_MIN_PARAMETERS or more
+    (unless sequence parallelism needs the ranks), else n_gpus_per_node."""
     if device != "cpu":
         return trainer.n_gpus_per_node
     if trainer.cpu_ranks_per_node is not None:
         return trainer.cpu_ranks_per_node
-    if trainer.nnodes == 1 and (actor_parameters or 0) >= ONE_CPU_RANK_MIN_PARAMETERS:
+    if trainer.nnodes == 1 and sequence_parallel == 1 and (actor_parameters or 0) >= ONE_CPU_RANK_MIN_PARAMETERS:
         return 1
     return trainer.n_gpus_per_node
 
@@ -140,6 +153,12 @@ def ranks_per_node(trainer, device: str, actor_parameters: int | None) -> int:
 def _check_ranks(config: DictConfig, ranks: int) -> None:
     """The batch sizes against a rank count the config check did not see (trainer.cpu_ranks_per_node)."""
     n, problems = config.actor_rollout_ref.rollout.n, []
+    for key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                     config.actor_rollout_ref.actor.ulysses_sequence_parallel_size),
+                    ("critic.ulysses_sequence_parallel_size", config.critic.ulysses_sequence_parallel_size)):
+        if ranks % sp:
+            problems.append(f"{key}={sp} must divide the {ranks} ranks of trainer.cpu_ranks_per_node="
+                            f"{config.trainer.cpu_ranks_per_node} x trainer.nnodes={config.trainer.nnodes}")
     for key, prompts in (("data.train_batch_size", config.data.train_batch_size),
                          ("actor_rollout_ref.actor.ppo_mini_batch_size",
                           config.actor_rollout_ref.actor.ppo_mini_batch_size)):
@@ -178,23 +197,25 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
     trainer, data = config.trainer, config.data
     arr, algorithm = config.actor_rollout_ref, config.algorithm
     actor, rollout, ref, model = arr.actor, arr.rollout, arr.ref, arr.model
-    per_node = ranks_per_node(trainer, device, actor_parameters)
+    sp, critic_sp = sequence_parallel_sizes(config)
+    per_node = ranks_per_node(trainer, device, actor_parameters, max(sp, critic_sp))
     ranks, n = trainer.nnodes * per_node, rollout.n
     if ranks != world_size(trainer):
         _check_ranks(config, ranks)
+    dp, critic_dp = ranks // sp, ranks // critic_sp
     engine = resolve_rollout_name(rollout.name, device, actor_parameters,
                                   vllm_problems=lambda: vllm_config_problems(rollout, model.path, device, ranks,
                                                                              "actor_rollout_ref.rollout"))
     use_critic = critic_enabled(config)
     actor_update = UpdateBatches(
-        actor.ppo_mini_batch_size * n // ranks,
+        actor.ppo_mini_batch_size * n // dp,
         micro_batches(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, actor.use_dynamic_bsz,
-                      actor.ppo_max_token_len_per_gpu, ranks, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                      actor.ppo_max_token_len_per_gpu, dp, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
                       "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"))
 
     def log_prob(node, name: str) -> MicroBatches:
         return micro_batches(node.log_prob_micro_batch_size_per_gpu, node.log_prob_micro_batch_size,
-                             node.log_prob_use_dynamic_bsz, node.log_prob_max_token_len_per_gpu, ranks,
+                             node.log_prob_use_dynamic_bsz, node.log_prob_max_token_len_per_gpu, dp,
                              f"actor_rollout_ref.{name}.log_prob_micro_batch_size_per_gpu",
                              f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu")
 
@@ -202,12 +223,12 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
     if use_critic:
         critic = config.critic
         critic_update = UpdateBatches(
-            critic.ppo_mini_batch_size * critic.rollout_n // ranks,
+            critic.ppo_mini_batch_size * critic.rollout_n // critic_dp,
             micro_batches(critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, critic.use_dynamic_bsz,
-                          critic.ppo_max_token_len_per_gpu, ranks, "critic.ppo_micro_batch_size_per_gpu",
+                          critic.ppo_max_token_len_per_gpu, critic_dp, "critic.ppo_micro_batch_size_per_gpu",
                           "critic.ppo_max_token_len_per_gpu"))
         critic_forward = micro_batches(critic.forward_micro_batch_size_per_gpu, critic.forward_micro_batch_size,
-                                       critic.use_dynamic_bsz, critic.forward_max_token_len_per_gpu, ranks,
+                                       critic.use_dynamic_bsz, critic.forward_max_token_len_per_gpu, critic_dp,
                                        "critic.forward_micro_batch_size_per_gpu", "critic.forward_max_token_len_per_gpu")
     reward_model_forward = None
     if config.reward_model.enable:
@@ -223,6 +244,8 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
         n_ranks=ranks,
         rollout_n=n,
         rows_per_rank=data.train_batch_size * n // ranks,
+        sequence_parallel=sp,
+        critic_sequence_parallel=critic_sp,
         rollout_engine=engine,
         agent_loop=uses_agent_loop(rollout),
         async_agent=uses_async_agent(rollout),

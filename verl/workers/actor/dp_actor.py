@@ -32,6 +32,7 @@ from verl.utils.packing import (
 from verl.utils.run_plan import UpdateBatches
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
 from verl.utils.torch_functional import logprobs_and_entropy
+from verl.utils.ulysses import ulysses_forward
 from verl.workers.ppo_batches import ppo_mini_batches
 
 ACTOR = "actor_rollout_ref.actor"
@@ -116,8 +117,11 @@ class DataParallelPPOActor:
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: torch.optim.Optimizer | None = None,
                  *, use_remove_padding: bool, batches: UpdateBatches | None = None, fused_logprobs: bool = False,
-                 activation_offload: bool = False):
+                 activation_offload: bool = False, sp_group=None):
         self.config = config
+        # Ulysses sequence parallelism: the ranks of `sp_group` hold the same micro-batches and each runs the model
+        # on one piece of every row (`_forward_sequence_parallel`); None: whole rows.
+        self.sp_group = sp_group
         # The plan's levers: log-probs and entropy from the hidden states in chunks (`fused_lm_head`); the update's
         # saved activations in pinned host memory until its backward pass (CUDA).
         self.fused_logprobs = fused_logprobs
@@ -161,6 +165,9 @@ class DataParallelPPOActor:
                     "with_sum_pi_squared": calculate_sum_pi_squared}
         # The fused head gives log-probs and entropy only; sum_pi_squared needs the whole distribution.
         fused = self.fused_logprobs and not calculate_sum_pi_squared
+        if self.sp_group is not None:
+            return self._forward_sequence_parallel(input_ids, attention_mask, position_ids, responses, temperature,
+                                                   calculate_entropy, chunking, fused)
         if self.use_remove_padding:
             return self._forward_packed(input_ids, attention_mask, position_ids, responses, temperature,
                                         calculate_entropy, chunking, fused)
@@ -208,6 +215,52 @@ class DataParallelPPOActor:
         entropy = unpack_responses(entropy, scored) if calculate_entropy else None
         sum_pi_squared = unpack_responses(sum_pi_squared[0], scored) if sum_pi_squared else None
         return entropy, unpack_responses(log_prob, scored), sum_pi_squared
+
+    def _forward_sequence_parallel(self, input_ids, attention_mask, position_ids, responses, temperature,
+                                   calculate_entropy, chunking, fused):
+        """The forward pass under Ulysses sequence parallelism (`verl/utils/ulysses.py`): the rows (packed with
+        use_remove_padding, else padded) are cut along their length into one piece per rank of `sp_group`; each rank
+        runs the model on its piece (attention exchanges pieces and heads with all-to-all) and scores the
+        positions of its piece that predict response tokens; the per-position statistics are then gathered, whole,
+        on every rank. `(entropy or None, log_probs, sum_pi_squared or None)`, each `(batch, response_len)`."""
+        response_length = responses.shape[-1]
+        if self.use_remove_padding:
+            rows, positions, destination = pack_rows(input_ids, attention_mask, position_ids, self.filler_token_id,
+                                                     self.varlen_attention)
+            scored, predictors = response_predictors(attention_mask, destination, response_length)
+            mask, targets = None, responses[scored]
+        else:
+            rows, positions, mask, scored = input_ids, position_ids, attention_mask, None
+            batch, width = rows.shape
+            starts = torch.arange(batch, device=rows.device) * width + width - response_length - 1
+            predictors = (starts[:, None] + torch.arange(response_length, device=rows.device)).reshape(-1)
+            targets = responses.reshape(-1)
+        # Which positions predict a response token, and that token, laid out like the rows: split like them.
+        flags = torch.zeros(rows.numel(), dtype=torch.bool, device=rows.device).index_fill_(0, predictors, True)
+        labels = torch.zeros(rows.numel(), dtype=responses.dtype, device=rows.device).index_put_((predictors,),
+                                                                                                targets)
+        with ulysses_forward(self.actor_module, self.sp_group, rows, mask, positions) as sp:
+            local_flags = sp.split(flags.view_as(rows), pad_value=False)
+            local = local_flags.flatten().nonzero().squeeze(1)
+            local_labels = sp.split(labels.view_as(rows)).flatten()[local]
+            if fused:
+                with fused_lm_head(self.actor_module, local, local_labels, temperature, calculate_entropy):
+                    stats = self.actor_module(**sp.model_inputs, use_cache=False).logits[0].float()
+            else:
+                with lm_head_on_rows(self.actor_module, local) as selected:
+                    output = self.actor_module(**sp.model_inputs, use_cache=False)
+                logits = output.logits[0] if selected else output.logits.flatten(0, 1)[local]
+                columns = logprobs_and_entropy(logits, local_labels, temperature, calculate_entropy, **chunking)
+                stats = torch.stack([c for c in columns if c is not None], dim=-1)
+            # This rank's statistics in place in its piece (0 elsewhere), then every piece on every rank.
+            placed = stats.new_zeros(local_flags.numel(), stats.shape[-1]).index_put((local,), stats)
+            whole = sp.gather(placed.view(*local_flags.shape, -1), dim=1).flatten(0, 1)[predictors]
+        if scored is None:
+            columns = list(whole.view(len(responses), response_length, -1).unbind(-1))
+        else:
+            columns = [unpack_responses(column, scored) for column in whole.unbind(-1)]
+        log_prob, entropy = columns.pop(0), columns.pop(0) if calculate_entropy else None
+        return entropy, log_prob, (columns.pop(0) if columns else None)
 
     @torch.no_grad()
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False,

@@ -26,6 +26,7 @@ from verl.utils.packing import (
 from verl.utils.run_plan import MicroBatches, UpdateBatches
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
 from verl.utils.torch_functional import masked_mean
+from verl.utils.ulysses import ulysses_forward
 from verl.workers.ppo_batches import ppo_mini_batches
 
 CRITIC = "critic"
@@ -43,8 +44,9 @@ class DataParallelPPOCritic:
 
     def __init__(self, config, critic_module: torch.nn.Module, critic_optimizer: torch.optim.Optimizer | None = None,
                  *, use_remove_padding: bool, batches: UpdateBatches | None = None,
-                 forward: MicroBatches | None = None):
+                 forward: MicroBatches | None = None, sp_group=None):
         self.config = config
+        self.sp_group = sp_group  # Ulysses sequence parallelism, as the actor's (dp_actor.DataParallelPPOActor)
         self.batches, self.forward = batches, forward
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
@@ -70,6 +72,8 @@ class DataParallelPPOCritic:
         response_length = response_mask.shape[-1]
         input_ids, attention_mask, position_ids = cut_shared_left_padding(
             micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"], response_length)
+        if self.sp_group is not None:
+            return self._values_sequence_parallel(input_ids, attention_mask, position_ids, response_mask)
         if not self.use_remove_padding:
             output = self.critic_module(input_ids=input_ids, attention_mask=attention_mask,
                                         position_ids=position_ids, use_cache=False)
@@ -81,6 +85,25 @@ class DataParallelPPOCritic:
                                     use_cache=False)
         scored, before = response_predictors(attention_mask, destination, response_length)
         return unpack_responses(output.logits[..., 0].flatten()[before].float(), scored)
+
+    def _values_sequence_parallel(self, input_ids, attention_mask, position_ids, response_mask) -> torch.Tensor:
+        """`_forward_micro_batch` under Ulysses sequence parallelism (`verl/utils/ulysses.py`): each rank of
+        `sp_group` runs the value model on one piece of every row; the values of all positions are gathered, whole,
+        on every rank, then read as without it."""
+        response_length = response_mask.shape[-1]
+        if self.use_remove_padding:
+            rows, positions, destination = pack_rows(input_ids, attention_mask, position_ids, self.filler_token_id,
+                                                     self.varlen_attention)
+            mask = None
+        else:
+            rows, positions, mask = input_ids, position_ids, attention_mask
+        with ulysses_forward(self.critic_module, self.sp_group, rows, mask, positions) as sp:
+            local = self.critic_module(**sp.model_inputs, use_cache=False).logits[..., 0].float()
+            values = sp.gather(local, dim=1)
+        if not self.use_remove_padding:
+            return values[:, -response_length - 1 : -1] * response_mask
+        scored, before = response_predictors(attention_mask, destination, response_length)
+        return unpack_responses(values.flatten()[before], scored)
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
