@@ -1,11 +1,17 @@
-"""End to end: ARPO's evaluation launcher (scripts/eval/infer_local_sds.sh) against a real vLLM server of the tiny
-tool model, on two tiny local data sets, with the same server as the LLM judge: the tool loop runs through the
-endpoint (real python calls), main_eval grades with rules and the judge, and the per-data-set table holds exactly what
-the per-response scores say."""
+"""Everything against one real vLLM server of the tiny tool model (a server start costs a minute on 2 cores, so the
+tests that need one share it):
+
+- the endpoint engine (verl/workers/rollout/openai_rollout.py): the HF engine's greedy tokens and tool-loop
+  trajectories, seeded sampling;
+- ARPO's evaluation launcher (scripts/eval/infer_local_sds.sh) on two tiny local data sets, with the same server as
+  the LLM judge: the tool loop runs through the endpoint (real python calls), main_eval grades with rules and the
+  judge, and the per-data-set table holds exactly what the per-response scores say;
+- the search tool's page summaries by the served model."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -14,8 +20,15 @@ import numpy as np
 import pandas as pd
 import pytest
 from served_model import serve
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from verl.demo.tool_tasks import make_tool_arithmetic_rows
+from verl.demo.tool_tasks import make_messages, make_tool_arithmetic_rows
+from verl.utils.openai_endpoint import Endpoint, EndpointConfig
+from verl.workers.rollout.agent_loop import RESULT_TEMPLATE, AgentLoop, BranchingConfig
+from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.hf_rollout import HFRollout
+from verl.workers.rollout.openai_rollout import OpenAIRollout
+from verl.workers.tools.manager import ToolManager
 
 pytestmark = pytest.mark.e2e
 
@@ -31,6 +44,91 @@ def served(tiny_tool_model_dir, tmp_path_factory):
         yield server
 
 
+# ------------------------------------------------------------------------------------------------ endpoint engine
+PYTHON_TOOL = {
+    "call_limit": 2,
+    "tool_instances": {
+        "python": {"class_path": "verl.workers.tools.python_tool.PythonTool", "params": {"timeout_s": 10}}
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def endpoint(served, tiny_tool_model_dir):
+    """(tokenizer, HF engine, endpoint engine, chat prompts of tool-arithmetic questions) on the served model."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tool_model_dir)
+    hf = HFRollout(AutoModelForCausalLM.from_pretrained(tiny_tool_model_dir), tokenizer, seed=0)
+    config = {"endpoint": {"base_url": served.url, "timeout_s": 60}, "ignore_eos": False}
+    engine = OpenAIRollout.build(model_path=tiny_tool_model_dir, tokenizer=tokenizer, config=config, device="cpu",
+                                 seed=0, load_module=None, weights_follow=False)
+    questions = [row["extra_info"]["question"] for row in make_tool_arithmetic_rows(3, "test")]
+    prompts = [tokenizer.apply_chat_template(make_messages(q), add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"] for q in questions]
+    return tokenizer, hf, engine, prompts + [tokenizer.encode("The quick brown fox")]
+
+
+def test_the_served_model_is_discovered(endpoint):
+    _, _, engine, _ = endpoint
+    assert engine.endpoint.model == "tiny"
+
+
+@pytest.mark.parametrize("stop", [None, ["</python>"], ["<result>", "print"]])
+def test_greedy_tokens_equal_the_hf_engine(endpoint, stop):
+    """Token for token, with the same finish and stop reasons; the stop string's last token is kept, as in HF."""
+    tokenizer, hf, engine, prompts = endpoint
+    params = SamplingParams(temperature=0, max_tokens=48, stop=stop)
+    expected, got = hf.generate(prompts, params), engine.generate(prompts, params)
+    for want, have in zip(expected, got):
+        assert len(have) == 1
+        assert have[0].token_ids == want[0].token_ids
+        assert (have[0].finish_reason, have[0].stop_reason) == (want[0].finish_reason, want[0].stop_reason)
+    if stop == ["</python>"]:  # the tool model's calls end every chat prompt's segment
+        assert [out[0].stop_reason for out in got[:3]] == ["</python>"] * 3
+        assert tokenizer.decode(got[0][0].token_ids).endswith("</python>")
+
+
+def test_the_tool_loop_through_the_endpoint_is_the_hf_engines(endpoint):
+    """The same agent loop on both engines: identical trajectories, the python tool's output appended (mask 0)."""
+    tokenizer, hf, engine, prompts = endpoint
+    runs = []
+    for rollout in (hf, engine):
+        tools = ToolManager.from_config(PYTHON_TOOL)
+        loop = AgentLoop(rollout, tokenizer, tools, BranchingConfig(), seed=0)
+        groups, metrics = loop.run(
+            prompts[:3], n=1, params=SamplingParams(temperature=0), response_length=120, branching=False
+        )
+        tools.close()
+        runs.append(([g[0] for g in groups], metrics))
+    (expected, _), (got, metrics) = runs
+    assert [t.response for t in got] == [t.response for t in expected]
+    assert [t.mask for t in got] == [t.mask for t in expected]
+    assert metrics["tools/calls_per_trajectory"] >= 1
+    for traj in got:
+        text = tokenizer.decode(traj.response, skip_special_tokens=True)
+        a, b = re.search(r"<python>print\((\d+) \* (\d+)\)</python>", text).groups()  # the tiny model's call
+        product = int(a) * int(b)
+        assert RESULT_TEMPLATE.format(product) in text
+        result_ids = tokenizer.encode(RESULT_TEMPLATE.format(product), add_special_tokens=False)
+        start = traj.mask.index(0)
+        assert traj.response[start : start + len(result_ids)] == result_ids
+        assert traj.mask[start : start + len(result_ids)] == [0] * len(result_ids)
+
+
+def test_sampling_is_seeded_per_request(endpoint):
+    """n samples differ; the same seed and requests give the same samples again; the log-probs are not measured."""
+    _, _, engine, prompts = endpoint
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=24)
+    first, again = (
+        OpenAIRollout(Endpoint(EndpointConfig(base_url=engine.endpoint.url, model="tiny")), seed=0).generate(
+            prompts[:2], params)
+        for _ in range(2)
+    )
+    assert [[o.token_ids for o in group] for group in again] == [[o.token_ids for o in group] for group in first]
+    assert len({tuple(o.token_ids) for o in first[0]}) > 1
+    assert all(math.isnan(lp) for o in first[0] for lp in o.log_probs)
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
 @pytest.fixture(scope="module")
 def evaluation(served, tiny_tool_model_dir, tmp_path_factory):
     """(output dir, launcher stdout, rows per data set) of one launcher run: 3 questions per set, 2 samples each."""
