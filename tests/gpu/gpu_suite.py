@@ -297,6 +297,14 @@ def load_state(model_dir: str) -> dict:
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
 
 
+def logprob_gaps(run, figures: dict) -> float:
+    """The run's per-step mean |rollout log-prob - actor log-prob| (training/rollout_actor_logprob_diff_mean), put in
+    the report as `logprob_gap_mean`; returns the largest."""
+    gaps = [r["training/rollout_actor_logprob_diff_mean"] for r in run.steps]
+    figures["logprob_gap_mean"] = [round(g, 4) for g in gaps]
+    return max(gaps)
+
+
 def changed_tensors(actor_dir: Path, initial_model_dir: str) -> list[str]:
     """Names of the tensors of the checkpoint in `actor_dir` (LoRA adapters folded in) that differ from the initial
     model's."""

@@ -5,7 +5,7 @@ reference, fused log-probs, activation offload, HSDP's layout); Ulysses sequence
 from __future__ import annotations
 
 import pytest
-from gpu_suite import GIB, TRAINING_KEYS, assert_finite
+from gpu_suite import GIB, TRAINING_KEYS, assert_finite, logprob_gaps
 
 pytestmark = pytest.mark.gpu
 
@@ -15,21 +15,6 @@ QWEN_1_5B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers"
              "max_position_embeddings": 32768}
 PROMPT, RESPONSE = 512, 8192
 ONE_GPU_GIB = 80
-
-
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    """A one-rank NCCL process group and CUDA mesh in this process, torn down afterwards."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    torch.cuda.set_device(0)
-    store = tmp_path_factory.mktemp("process_group") / "store"
-    dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1)
-    yield init_device_mesh("cuda", (1,))
-    dist.destroy_process_group()
-    torch.cuda.empty_cache()
 
 
 def _update_peak_gib(mesh, fused: bool, offload: bool) -> float:
@@ -102,6 +87,4 @@ def test_ulysses_sequence_parallelism_on_two_gpus(tiny_run, figures):
     figures.update(run.figures())
     assert "sequence parallel over 2 ranks" in run.output
     assert_finite(run.steps, TRAINING_KEYS + ("actor/kl_loss", "training/rollout_actor_logprob_diff_mean"))
-    gaps = [r["training/rollout_actor_logprob_diff_mean"] for r in run.steps]
-    figures["logprob_gap_mean"] = [round(g, 4) for g in gaps]
-    assert max(gaps) < 0.05  # the engine's float32 log-probs against the split bf16 passes: rounding only
+    assert logprob_gaps(run, figures) < 0.05  # the engine's float32 log-probs against the split bf16 passes: rounding only

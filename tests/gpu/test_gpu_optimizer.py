@@ -20,22 +20,6 @@ STEPS = 3
 LEAK_STEPS, LEAK_SLACK = 20, 8
 
 
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    """A one-rank NCCL process group and CUDA device mesh in this process (FSDP2 shards over a mesh), torn down
-    afterwards."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    torch.cuda.set_device(0)
-    store = tmp_path_factory.mktemp("process_group") / "store"
-    dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1)
-    yield init_device_mesh("cuda", (1,))
-    dist.destroy_process_group()
-    torch.cuda.empty_cache()
-
-
 def tiny_qwen2(seed: int = 0):
     """A two-layer Qwen2 causal LM (random weights), float32, on the CPU."""
     import torch
