@@ -344,6 +344,8 @@ def test_a_run_that_cannot_fit_at_micro_batch_1_is_refused_naming_the_levers_lef
         f"  actor_rollout_ref.model.enable_gradient_checkpointing=true: peak {with_checkpointing:.2f} GiB (fits)"
     )
     assert "ppo_micro_batch_size_per_gpu=" not in message.split("Single changes")[1]
+    # Ulysses over the 2 ranks halves each rank's tokens (the same peak as checkpointing, by coincidence of sizes).
+    assert "  actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 (now 1): peak" in fixes[1]
 
 
 # The Qwen2.5-0.5B shape (its config.json's sizes; no weights are read).

@@ -58,24 +58,27 @@ def _batch() -> DataProto:
     }, meta_info={"temperature": 0.7, "micro_batch_size": 3, "use_dynamic_bsz": False})
 
 
-def _actor(module, optimizer, packed: bool, fused: bool, sp_group):
-    cfg = _actor_config()
-    return DataParallelPPOActor(cfg, module, optimizer, use_remove_padding=packed, fused_logprobs=fused,
-                                batches=UpdateBatches(6, MicroBatches(3, None, "micro")), sp_group=sp_group)
+def _micro(dynamic: bool) -> MicroBatches:
+    """3 sequences per micro-batch, or with `dynamic` a budget of 24 tokens (use_dynamic_bsz)."""
+    return MicroBatches(None, 24, "budget") if dynamic else MicroBatches(3, None, "micro")
 
 
-def _run(module, sp_group, packed, fused, critic=False):
+def _run(module, sp_group, packed, fused, critic=False, dynamic=False):
     """Log-probs and entropy (or values), then one update with SGD(lr=1): (outputs..., full updated weights)."""
     data = _batch()
+    if dynamic:
+        data.meta_info.update(use_dynamic_bsz=True, max_token_len=24)
     optimizer = torch.optim.SGD(module.parameters(), lr=1.0)
     if critic:
         worker = DataParallelPPOCritic(_actor_config(), module, optimizer, use_remove_padding=packed,
-                                       batches=UpdateBatches(6, MicroBatches(3, None, "micro")),
-                                       forward=MicroBatches(3, None, "micro"), sp_group=sp_group)
+                                       batches=UpdateBatches(6, _micro(dynamic)), forward=_micro(dynamic),
+                                       sp_group=sp_group)
         outputs = (worker.compute_values(data),)
         worker.update_critic(data)
     else:
-        worker = _actor(module, optimizer, packed, fused, sp_group)
+        worker = DataParallelPPOActor(_actor_config(), module, optimizer, use_remove_padding=packed,
+                                      fused_logprobs=fused, batches=UpdateBatches(6, _micro(dynamic)),
+                                      sp_group=sp_group)
         outputs = worker.compute_log_prob(data, calculate_entropy=True)
         worker.update_policy(data)
     full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
@@ -83,9 +86,11 @@ def _run(module, sp_group, packed, fused, critic=False):
     return [o.detach().clone() for o in outputs], full
 
 
-CASES = [("padded", False, False, False), ("packed", True, False, False), ("packed_fused", True, True, False),
-         ("padded_fused", False, True, False), ("critic_padded", False, False, True),
-         ("critic_packed", True, False, True)]
+# (name, use_remove_padding, fused log-probs, critic, use_dynamic_bsz)
+CASES = [("padded", False, False, False, False), ("packed", True, False, False, False),
+         ("packed_fused", True, True, False, False), ("padded_fused", False, True, False, False),
+         ("packed_dynamic", True, False, False, True), ("critic_padded", False, False, True, False),
+         ("critic_packed_dynamic", True, False, True, True)]
 
 
 def _ranks(rank: int, port: int, results) -> None:
@@ -97,7 +102,7 @@ def _ranks(rank: int, port: int, results) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     group = dist.new_group([0, 1])
     try:
-        for name, packed, fused, critic in CASES:
+        for name, packed, fused, critic, dynamic in CASES:
             torch.manual_seed(0)
             base = Qwen2ForTokenClassification(_config()) if critic else Qwen2ForCausalLM(_config())
             if critic:  # a scalar value head without dropout, as CriticWorker builds it
@@ -106,9 +111,9 @@ def _ranks(rank: int, port: int, results) -> None:
                 base.dropout.p = 0.0
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             plain = copy.deepcopy(base)
-            expected, expected_weights = _run(plain, None, packed, fused, critic)  # one process, whole rows
+            expected, expected_weights = _run(plain, None, packed, fused, critic, dynamic)  # one process, whole rows
             sharded = shard_model(copy.deepcopy(base), init_device_mesh("cpu", (2,)), "cpu")
-            got, weights = _run(sharded, group, packed, fused, critic)
+            got, weights = _run(sharded, group, packed, fused, critic, dynamic)
             mask = _batch().batch["response_mask"].bool()  # padding positions are the model's to fill
             for a, b in zip(got, expected, strict=True):
                 torch.testing.assert_close(a[mask], b[mask], atol=1e-5, rtol=1e-5)

@@ -192,6 +192,10 @@ def test_sequence_parallel_groups_are_planned_and_checked(tiny_model_dir):
     assert (plan.n_ranks, plan.sequence_parallel, plan.actor_dp, plan.rows_per_rank) == (4, 2, 2, 2)
     assert plan.actor_update.mini_batch == 2 * 2 // 2 and plan.critic_sequence_parallel == 1
     assert "sequence parallel over 2 ranks" in plan.describe()
+    # A token budget is per GPU: a group's micro-batch holds sp times it, each rank 1/sp of its tokens (verl's rule).
+    dynamic = _plan(*sp, "trainer.cpu_ranks_per_node=4", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3000")
+    assert dynamic.actor_update.micro.max_token_len == 6000 and dynamic.actor_log_prob.max_token_len == 6000
     # A large actor on one CPU node keeps the ranks its groups need.
     assert _plan(*sp, parameters=SHARED_ENGINE_MIN_PARAMETERS).n_ranks == 4
     with pytest.raises(ConfigError, match="ref.ulysses_sequence_parallel_size=1 must equal"):

@@ -63,11 +63,12 @@ __all__ = ["ONE_CPU_RANK_MIN_PARAMETERS", "SHARED_ENGINE_MIN_PARAMETERS", "Micro
 
 
 def micro_batches(per_gpu, global_size, dynamic: bool, max_token_len: int, ranks: int, key: str,
-                  budget_key: str) -> MicroBatches:
-    """A pass's micro-batches: the per-rank size (`key`), verl's deprecated global size / ranks, or a token budget
-    (`budget_key`)."""
+                  budget_key: str, sp: int = 1) -> MicroBatches:
+    """A pass's micro-batches: the per-rank size (`key`), verl's deprecated global size / `ranks` (the data-parallel
+    groups), or a token budget (`budget_key`): per GPU, so a micro-batch of a Ulysses group of `sp` ranks, each
+    holding 1/sp of its tokens, holds sp times the budget (as in verl)."""
     if dynamic:
-        return MicroBatches(None, int(max_token_len), budget_key)
+        return MicroBatches(None, int(max_token_len) * sp, budget_key)
     if per_gpu is None and global_size is not None:
         per_gpu = max(1, global_size // ranks)
     return MicroBatches(per_gpu, None, key)
@@ -211,13 +212,13 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
         actor.ppo_mini_batch_size * n // dp,
         micro_batches(actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, actor.use_dynamic_bsz,
                       actor.ppo_max_token_len_per_gpu, dp, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"))
+                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", sp))
 
     def log_prob(node, name: str) -> MicroBatches:
         return micro_batches(node.log_prob_micro_batch_size_per_gpu, node.log_prob_micro_batch_size,
                              node.log_prob_use_dynamic_bsz, node.log_prob_max_token_len_per_gpu, dp,
                              f"actor_rollout_ref.{name}.log_prob_micro_batch_size_per_gpu",
-                             f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu")
+                             f"actor_rollout_ref.{name}.log_prob_max_token_len_per_gpu", sp)
 
     critic_update = critic_forward = None
     if use_critic:
@@ -226,10 +227,11 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
             critic.ppo_mini_batch_size * critic.rollout_n // critic_dp,
             micro_batches(critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size, critic.use_dynamic_bsz,
                           critic.ppo_max_token_len_per_gpu, critic_dp, "critic.ppo_micro_batch_size_per_gpu",
-                          "critic.ppo_max_token_len_per_gpu"))
+                          "critic.ppo_max_token_len_per_gpu", critic_sp))
         critic_forward = micro_batches(critic.forward_micro_batch_size_per_gpu, critic.forward_micro_batch_size,
                                        critic.use_dynamic_bsz, critic.forward_max_token_len_per_gpu, critic_dp,
-                                       "critic.forward_micro_batch_size_per_gpu", "critic.forward_max_token_len_per_gpu")
+                                       "critic.forward_micro_batch_size_per_gpu", "critic.forward_max_token_len_per_gpu",
+                                       critic_sp)
     reward_model_forward = None
     if config.reward_model.enable:
         rm = config.reward_model
