@@ -34,8 +34,9 @@ def tiny_overrides(model_dir, data_dir, *extra):
     ]
 
 
-def build_trainer(overrides, model_dir):
-    """A RayPPOTrainer with its workers started (the caller shuts it down)."""
+def build_trainer(overrides, model_dir, reward_server=None):
+    """A RayPPOTrainer with its workers started (the caller shuts it down); `reward_server`: the served generative
+    reward model (verl/utils/model_server.Server) whose address the reward function gets, as main_ppo passes it."""
     from transformers import AutoTokenizer
 
     cfg = load_config(overrides=overrides)
@@ -43,8 +44,8 @@ def build_trainer(overrides, model_dir):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     train = RLHFDataset(cfg.data.train_files, tokenizer, cfg.data)
     val = RLHFDataset(cfg.data.val_files, tokenizer, cfg.data)
-    reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0)
-    val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0, is_eval=True)
+    reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0, reward_server=reward_server)
+    val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0, is_eval=True, reward_server=reward_server)
     plan, _ = plan_ppo_run(cfg, "cpu")
     trainer = RayPPOTrainer(cfg, tokenizer, train, val, reward_fn, val_reward_fn, plan=plan)
     trainer.init_workers()

@@ -251,3 +251,32 @@ def test_search_summaries_come_from_the_served_model_and_are_cached(served, tmp_
     assert cached == first and fetched == ["/ostmar.html"]
     with open(tmp_path / "cache.json") as f:
         assert first in json.load(f).values()
+
+
+# ------------------------------------------------------------------------------------------------ generative RM
+def test_grpo_with_a_served_generative_reward_model(served, ray_session, tiny_tool_model_dir, arithmetic_data_dir,
+                                                    tmp_path):
+    """verl 0.9's reward loop with a generative reward model (reward_model.rollout.name=vllm): no reward-model
+    workers; the reward function (judge_reward.py) gets the server's address as reward_router_address and asks the
+    served model to judge every response. main_ppo serves the model itself (model_server.serve_reward_model, one
+    server start); here the module's server stands in for it, handed over as main_ppo hands it."""
+    from e2e_utils import build_trainer, tiny_overrides
+
+    log = open(served.log_path, errors="replace")
+    log.seek(0, os.SEEK_END)
+    trainer = build_trainer(tiny_overrides(
+        tiny_tool_model_dir, arithmetic_data_dir, "reward_model.enable=true", "reward_model.use_reward_loop=true",
+        f"reward_model.model.path={tiny_tool_model_dir}", "reward_model.rollout.name=vllm",
+        f"custom_reward_function.path={REPO}/verl/utils/reward_score/judge_reward.py",
+        "+custom_reward_function.reward_kwargs.max_tokens=8", "trainer.total_training_steps=2",
+        f"trainer.default_local_dir={tmp_path}"), tiny_tool_model_dir, reward_server=served)
+    try:
+        assert trainer.plan.reward_model_server == "vllm" and not trainer.plan.use_reward_model
+        assert trainer.rm_wg is None
+        history = trainer.fit()
+    finally:
+        trainer.shutdown()
+    assert [m["training/global_step"] for m in history] == [1, 2]
+    assert all(np.isfinite(m["critic/score/mean"]) and np.isfinite(m["actor/pg_loss"]) for m in history)
+    judged = log.read().count("POST /v1/chat/completions")
+    assert judged >= 2 * 8 * 4  # every response of both steps went to the served judge (rule checks aside)

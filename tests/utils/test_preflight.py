@@ -76,12 +76,12 @@ def test_json_error_says_where():
 
 
 def test_a_generative_reward_model_is_refused_with_the_judge_path_named(tiny_model_dir, tmp_path):
-    """reward_model.model.path at a causal LM (verl 0.9 serves such a generative RM from its reward loop): an error
-    that names the architecture and the served-judge reward that grades with it; a classifier passes."""
+    """reward_model.model.path at a causal LM without reward_model.rollout.name (the reward-model workers would score
+    it with a new head): an error that names the architecture and how to serve it instead; a classifier passes."""
     from verl.utils.preflight import check_scoring_head
 
     with pytest.raises(ConfigError, match=r"reward_model.model.path=.* is a generative model \(Qwen2ForCausalLM\).*"
-                                          r"judge_reward.py"):
+                                          r"reward_model.rollout.name=vllm.*judge_reward.py"):
         check_scoring_head(tiny_model_dir)
     classifier = tmp_path / "rm"
     classifier.mkdir()

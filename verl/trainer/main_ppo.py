@@ -7,6 +7,7 @@ tiny demo model and the synthetic arithmetic task are built under `trainer.cache
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -17,11 +18,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.trainer.config import run_cli
 from verl.trainer.ppo.config_rules import announce_inert_keys, critic_enabled, validate_ppo_config
 from verl.trainer.ppo.guards import TrainingStopped
+from verl.trainer.ppo.reward import check_served_reward_model
 from verl.trainer.ppo.run_plan import RunPlan, plan_run
 from verl.utils.config import ConfigError, resolve_device
 from verl.utils.hub import local_model_path
 from verl.utils.import_utils import ExternalLibError, import_external_libs
 from verl.utils.memory_estimate import MemoryEstimate, check_ppo_memory, ppo_model_shapes
+from verl.utils.model_server import serve_reward_model, served_reward_engine
 from verl.utils.preflight import check_ppo_inputs, load_tokenizer
 from verl.utils.run_dir import check_fresh_start, clear_run_outputs, own_run_dir
 from verl.workers.rollout.async_agent import check_agent_setup
@@ -150,6 +153,8 @@ def run_ppo(config: DictConfig):
     prepare_defaults(config)
     validate_ppo_config(config)
     check_ppo_inputs(config)  # model directories, output directories (verl/utils/preflight.py)
+    if served_reward_engine(config.reward_model):
+        check_served_reward_model(config)  # a generative reward model: vLLM, and a reward function that calls it
     check_tools(config.actor_rollout_ref.rollout)  # every tool's class imports and takes its params
     check_agent_setup(config.actor_rollout_ref.rollout)  # mode=async: its tools load, its loops are registered
     plan, estimate = plan_ppo_run(config, device)
@@ -173,20 +178,27 @@ def train_ppo(config: DictConfig, plan: RunPlan, estimate: MemoryEstimate | None
     tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, tokenizer_key, model_cfg.trust_remote_code)
     train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
     val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
-    reward_fn = load_reward_manager(config, tokenizer, num_examine=config.reward_model.num_examine)
-    val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, is_eval=True)
+    with contextlib.ExitStack() as stack:
+        # A generative reward model (reward_model.rollout.name) is served for the whole run; the reward function
+        # reaches it at reward_router_address.
+        reward_server = (stack.enter_context(serve_reward_model(config, plan.device)) if plan.reward_model_server
+                         else None)
+        reward_fn = load_reward_manager(config, tokenizer, num_examine=config.reward_model.num_examine,
+                                        reward_server=reward_server)
+        val_reward_fn = load_reward_manager(config, tokenizer, num_examine=1, is_eval=True,
+                                            reward_server=reward_server)
 
-    trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, plan=plan)
-    trainer.resume_checkpoint  # noqa: B018 - chosen and checked against its manifest now, before Ray starts
-    init_ray(config, plan)
-    trainer.init_workers()
-    if config.trainer.overwrite:
-        clear_run_outputs(config.trainer.default_local_dir)
-    save_resolved_config(config, plan, estimate)
-    try:
-        return trainer.fit()
-    finally:
-        trainer.shutdown()
+        trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, plan=plan)
+        trainer.resume_checkpoint  # noqa: B018 - chosen and checked against its manifest now, before Ray starts
+        init_ray(config, plan)
+        trainer.init_workers()
+        if config.trainer.overwrite:
+            clear_run_outputs(config.trainer.default_local_dir)
+        save_resolved_config(config, plan, estimate)
+        try:
+            return trainer.fit()
+        finally:
+            trainer.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,10 +66,10 @@ VERL_KEY_REASONS: tuple[tuple[str, str], ...] = (
     ("trainer.v1", "verl's experimental v1 trainer settings; Quiver has one trainer"),
     ("skip.", "rollouts are always generated (no dumped-rollout replay)"),
     ("model_engine", "Quiver's workers are FSDP2 workers (no engine choice)"),
-    ("reward_model.rollout.", "a reward model served by a rollout engine is not built: reward_model.* is a "
-                              "sequence classifier, and a judge served over HTTP is custom_reward_function's"),
+    ("reward_model.rollout.", "the served reward model runs vLLM's server with reward_model.rollout.{name, "
+                              "gpu_memory_utilization, tensor_model_parallel_size, dtype, max_model_len, "
+                              "enforce_eager} only"),
     ("reward.reward_model.", "verl's newer reward-model section: Quiver reads reward_model.*"),
-    ("reward_model.use_reward_loop", "Quiver scores rewards in its reward manager (no separate reward loop)"),
     ("num_workers", "Quiver scores rewards in its reward manager's process pool (reward_model.reward_kwargs)"),
     ("image", "Quiver trains text-only models: image columns are not read"),
     ("video", "Quiver trains text-only models: video columns are not read"),
@@ -288,6 +288,9 @@ RENAMED_KEYS = {
     "reward.reward_model.enable": "reward_model.enable",
     "reward.reward_model.model_path": "reward_model.model.path",
     "reward.sandbox_fusion.url": "reward_model.sandbox_fusion.url",
+    **{f"reward.reward_model.rollout.{key}": f"reward_model.rollout.{key}"
+       for key in ("name", "gpu_memory_utilization", "tensor_model_parallel_size", "dtype", "max_model_len",
+                   "prompt_length", "response_length", "enforce_eager")},
 }
 
 

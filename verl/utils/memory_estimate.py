@@ -60,6 +60,7 @@ from verl.utils.config import ConfigError
 from verl.utils.fsdp_utils import reshards_after_forward
 from verl.utils.fused_logprobs import CHUNK_TOKENS
 from verl.utils.lora import lora_settings
+from verl.utils.model_server import served_reward_engine
 from verl.utils.run_plan import MicroBatches, RunPlan
 
 GIB = 1024**3
@@ -586,7 +587,7 @@ def ppo_model_shapes(config: DictConfig, critic: bool) -> dict[str, ModelShape]:
             override_config=OmegaConf.to_container(critic_model.override_config, resolve=True),
             trust_remote_code=critic_model.trust_remote_code,
         )
-    if config.reward_model.enable:
+    if config.reward_model.enable and served_reward_engine(config.reward_model) is None:
         shapes["reward_model"] = read_model_shape(
             config.reward_model.model.path, "sequence", trust_remote_code=config.reward_model.model.trust_remote_code
         )

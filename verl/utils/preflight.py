@@ -15,6 +15,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from verl.utils.config import ConfigError
+from verl.utils.model_server import served_reward_engine
 
 # Files of which a Hugging Face tokenizer directory has at least one.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -62,19 +63,16 @@ GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 def check_scoring_head(path: str, key: str = "reward_model.model.path") -> None:
     """The reward model scores with a one-label classification head; a checkpoint of a generative model (only
     *ForCausalLM architectures in its config.json) would get a new, untrained head. That is an error that says how
-    Quiver runs a generative reward model instead: served, through the LLM-judge reward."""
+    Quiver runs a generative reward model instead: served (reward_model.rollout.name), to the reward function."""
     with open(os.path.join(os.path.expanduser(path), "config.json")) as f:
         architectures = json.load(f).get("architectures") or []
     if architectures and all(name.endswith(GENERATIVE_SUFFIXES) for name in architectures):
         raise ConfigError(
             f"{key}={path} is a generative model ({', '.join(architectures)}): Quiver's reward model scores with a "
             "sequence-classification head (a model such as Skywork-Reward), and this checkpoint has none, so it "
-            "would score with a new, untrained one. To grade with a generative reward model (verl 0.9's "
-            "reward_model.use_reward_loop with reward_model.rollout.*), serve it (vllm serve MODEL "
-            "--served-model-name genrm --port 8001) and set reward_model.enable=false "
-            "custom_reward_function.path=verl/utils/reward_score/judge_reward.py "
-            "+custom_reward_function.reward_kwargs.base_url=http://127.0.0.1:8001/v1 "
-            "+custom_reward_function.reward_kwargs.model=genrm")
+            "would score with a new, untrained one. To grade with it as a generative reward model (verl 0.9's "
+            "reward loop), let the run serve it: reward_model.rollout.name=vllm with a reward function that takes "
+            "reward_router_address, e.g. custom_reward_function.path=verl/utils/reward_score/judge_reward.py")
 
 
 def load_tokenizer(path: str, key: str, trust_remote_code: bool = False) -> Any:
@@ -167,7 +165,8 @@ def check_ppo_inputs(config: Any) -> None:
         if path is not None:
             check_model_dir(path, key)
     if config.reward_model.enable and config.reward_model.model.path is not None:
-        check_scoring_head(config.reward_model.model.path)
+        if served_reward_engine(config.reward_model) is None:  # a served one: reward.check_served_reward_model
+            check_scoring_head(config.reward_model.model.path)
     check_sequence_parallel_models(config)
     for key in ("rollout_data_dir", "validation_data_dir"):
         if config.trainer.get(key):

@@ -63,7 +63,8 @@ class RunPlan:
     update_needs_entropy: bool  # the actor's objective reads the token entropy in the update
     use_reference_policy: bool
     use_critic: bool
-    use_reward_model: bool
+    use_reward_model: bool  # a classifier reward model in reward-model workers
+    reward_model_server: str | None  # the engine serving a generative reward model to the reward function
     remove_padding: bool  # the actor's and the reference's passes (actor_rollout_ref.model.use_remove_padding)
     critic_remove_padding: bool
     # The dtype each model's parameters are loaded and sharded in (fsdp_config.model_dtype): an actor or critic held

@@ -138,3 +138,39 @@ def test_a_manager_declares_the_reward_model_keys_it_takes():
         reward_model_keys = ("my_option", "format_mode")
 
     assert WithOption.config_kwargs(OmegaConf.create({"reward_model": {"my_option": 3}})) == {"my_option": 3}
+
+
+def test_a_served_reward_model_reaches_the_reward_function_as_reward_router_address(tmp_path):
+    from verl.utils.model_server import Server
+
+    fn = tmp_path / "genrm.py"
+    fn.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, *, "
+                  "reward_router_address=None, **kwargs):\n    return float(reward_router_address == '127.0.0.1:9')\n")
+    config = OmegaConf.create({"custom_reward_function": {"path": str(fn)},
+                               "reward_model": {"enable": True, "rollout": {"name": "vllm"}}})
+    manager = load_reward_manager(config, tokenizer=None, num_examine=0,
+                                  reward_server=Server("http://127.0.0.1:9/v1", "genrm", "log"))
+    assert manager.compute_score("d", "s", "g") == 1.0
+    assert not manager.rm_score_in_extra_info  # no reward-model workers put scores in the batch
+
+
+def test_a_served_reward_model_needs_a_generative_model_and_a_function_that_calls_it(tiny_model_dir, tmp_path):
+    from verl.trainer.config import load_config
+    from verl.trainer.ppo.reward import check_served_reward_model
+    from verl.utils.config import ConfigError
+
+    served = ["reward_model.enable=true", f"reward_model.model.path={tiny_model_dir}", "reward_model.rollout.name=vllm"]
+    judge = "custom_reward_function.path=verl/utils/reward_score/judge_reward.py"
+    check_served_reward_model(load_config(overrides=[*served, judge]))  # a causal LM, a function taking the address
+    with pytest.raises(ConfigError, match="custom_reward_function.path is not set: point it at a function"):
+        check_served_reward_model(load_config(overrides=served))
+    plain = tmp_path / "plain.py"
+    plain.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    with pytest.raises(ConfigError, match="takes no reward_router_address"):
+        check_served_reward_model(load_config(overrides=[*served, f"custom_reward_function.path={plain}"]))
+    classifier = tmp_path / "rm"
+    classifier.mkdir()
+    (classifier / "config.json").write_text('{"architectures": ["Qwen2ForSequenceClassification"]}')
+    with pytest.raises(ConfigError, match="is a classifier.*reward_model.rollout.name=null"):
+        check_served_reward_model(load_config(overrides=[*served[:1], f"reward_model.model.path={classifier}",
+                                                         served[2], judge]))

@@ -100,6 +100,10 @@ def test_which_passes_and_processes_run():
     assert (ppo.use_reference_policy, ppo.use_critic, ppo.processes_per_rank) == (True, True, 2)
     assert ppo.critic_update.mini_batch == ppo.actor_update.mini_batch
     assert ppo.critic_forward.key == "critic.forward_micro_batch_size_per_gpu"
+    # A generative reward model is served to the reward function: no reward-model workers, no micro-batches.
+    genrm = _plan("reward_model.enable=true", "reward_model.model.path=/judge", "reward_model.rollout.name=vllm")
+    assert (genrm.use_reward_model, genrm.reward_model_server, genrm.reward_model_forward) == (False, "vllm", None)
+    assert genrm.processes_per_rank == 1
 
 
 def test_engine_dtypes_and_remove_padding_come_from_one_place():

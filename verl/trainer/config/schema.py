@@ -107,6 +107,35 @@ class RewardModelFSDPConfig(Section):
     wrap_policy: RewardModelWrapPolicyConfig
 
 
+@config_section("reward_model.rollout")
+class RewardModelRolloutConfig(Section):
+    """The engine that serves a generative reward model (verl 0.9's reward loop; verl/utils/model_server.py)."""
+
+    name: str | None
+    gpu_memory_utilization: float
+    tensor_model_parallel_size: int
+    dtype: str
+    max_model_len: int | None
+    prompt_length: int
+    response_length: int
+    enforce_eager: bool
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        need(self.name in (None, *SERVED_REWARD_ENGINES), f"{p}.name={self.name!r} must be one of "
+             f"{', '.join(SERVED_REWARD_ENGINES)} (or null: no served reward model)", problems)
+        need(0 < self.gpu_memory_utilization <= 1, f"{p}.gpu_memory_utilization={self.gpu_memory_utilization} must "
+             "be in (0, 1]", problems)
+        for key in ("tensor_model_parallel_size", "prompt_length", "response_length"):
+            need(getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be a positive integer", problems)
+        need(self.max_model_len is None or self.max_model_len >= 1, f"{p}.max_model_len={self.max_model_len} must "
+             "be a positive integer (or null)", problems)
+
+
+# Engines verl names for a served reward model; Quiver serves with vLLM (the others fall back to it, saying so).
+SERVED_REWARD_ENGINES = ("vllm", "sglang", "trtllm")
+
+
 @config_section("reward_model.model")
 class RewardModelModelConfig(Section):
     path: str | None
@@ -129,6 +158,8 @@ class RewardModelConfig(Section):
     enable: bool
     strategy: str
     model: RewardModelModelConfig
+    use_reward_loop: bool
+    rollout: RewardModelRolloutConfig
     micro_batch_size: int | None  # deprecated, global; micro_batch_size_per_gpu is per rank
     micro_batch_size_per_gpu: int | None
     max_length: int | None
@@ -175,7 +206,8 @@ class RewardModelConfig(Section):
             problems.append(f"set only one of {p}.micro_batch_size (deprecated, global) and micro_batch_size_per_gpu")
         if self.enable:
             need(self.model.path is not None, f"{p}.enable=true needs {p}.model.path: the reward model's directory "
-                 "(an AutoModelForSequenceClassification with one label)", problems)
+                 "(an AutoModelForSequenceClassification with one label, or with rollout.name set a causal LM to "
+                 "serve)", problems)
             need(self.reward_manager != "prob", f"{p}.enable=true does not go with {p}.reward_manager=prob: RLPR's "
                  "manager rewards with the policy's own probabilities and would ignore the reward model's scores",
                  problems)

