@@ -194,6 +194,14 @@ def _hsdp_rank(rank: int, port: int, checkpoint: str, results) -> None:
             merged = merge_shards(shards)
             for name, tensor in full[1].items():
                 torch.testing.assert_close(merged[name], tensor, rtol=0, atol=0, msg=name)
+        # And back: the plain FSDP checkpoint loads into a model with HSDP's layout.
+        dist.barrier()
+        save_rank_checkpoint(f"{checkpoint}/plain", rank, 2, fresh, fresh_optimizer, None)
+        dist.barrier()
+        hsdp = shard_model(Qwen2ForCausalLM(config), fsdp_mesh("cpu", 2, 1), "cpu")
+        load_rank_checkpoint(f"{checkpoint}/plain", rank, 2, hsdp, None, None)
+        for name, tensor in hsdp.state_dict().items():
+            torch.testing.assert_close(tensor.full_tensor(), full[1][name], rtol=0, atol=0, msg=name)
         results[rank] = "ok"
     except Exception:  # reported to the parent
         import traceback
@@ -205,7 +213,8 @@ def _hsdp_rank(rank: int, port: int, checkpoint: str, results) -> None:
 
 def test_hsdp_updates_like_fsdp_and_its_checkpoint_loads_on_another_layout(tmp_path):
     """fsdp_size=1 on 2 ranks (HSDP: replicated, nothing sharded) gives plain FSDP's update; its checkpoint loads
-    into a model sharded over both ranks and merges into the same full tensors."""
+    into a model sharded over both ranks and merges into the same full tensors, and a plain checkpoint loads into
+    HSDP's layout."""
     import socket
 
     import torch.multiprocessing as mp
