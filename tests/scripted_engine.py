@@ -78,3 +78,34 @@ class ScriptedEngine(RolloutEngine):
 
     def wake_up(self):
         pass
+
+
+class StreamingScriptedEngine(ScriptedEngine):
+    """The scripted engine with continuous batching (`streams`, as the vLLM engine of one rank): `add_request`
+    queues a request, and each `step` finishes the requests that have run `steps_per_request` steps, in the order
+    they came. `running` records how many requests each step ran."""
+
+    streams = True
+
+    def __init__(self, script, steps_per_request: int = 3):
+        super().__init__(script)
+        self.steps_per_request = steps_per_request
+        self.queue: dict[str, list] = {}  # request id -> [ids, params, steps left]
+        self.running: list[int] = []
+        self.next_id = 0
+
+    def add_request(self, prompt_ids, params):
+        request_id = f"r{self.next_id}"
+        self.next_id += 1
+        self.queue[request_id] = [list(prompt_ids), params, self.steps_per_request]
+        return request_id
+
+    def step(self):
+        self.running.append(len(self.queue))
+        done = []
+        for request_id, entry in list(self.queue.items()):
+            entry[2] -= 1
+            if entry[2] == 0:
+                del self.queue[request_id]
+                done.append((request_id, self.generate([entry[0]], [entry[1]])[0][0]))
+        return done

@@ -150,9 +150,10 @@ def test_each_memory_lever_changes_its_part():
     plain_update = phases()["update_actor"]
     # bf16 reference: its weights at 2 bytes, sharded over the 2 ranks.
     assert phases("actor_rollout_ref.ref.fsdp_config.model_dtype=bf16")["ref"]["ref weights"] == 2 * 1000 // 2
-    # bf16 actor: weights and gradients at 2 bytes; the optimizer adds float32 masters to the two moments.
+    # bf16 actor: weights at 2 bytes; the optimizer adds float32 masters to the two moments, and its step turns the
+    # gradients into float32 ones for them.
     bf16 = phases("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16")["optimizer_step"]
-    assert (bf16["actor weights"], bf16["actor optimizer"], bf16["gradients"]) == (1000, 12 * 1000 // 2, 1000)
+    assert (bf16["actor weights"], bf16["actor optimizer"], bf16["gradients"]) == (1000, 12 * 1000 // 2, 2000)
     # HSDP with shard groups of one rank: every rank holds the whole model and optimizer.
     hsdp = phases("actor_rollout_ref.actor.fsdp_config.fsdp_size=1")["optimizer_step"]
     assert (hsdp["actor weights"], hsdp["actor optimizer"]) == (4 * 1000, 8 * 1000)

@@ -123,10 +123,12 @@ class Float32MasterAdamW(torch.optim.AdamW):
 
     Why masters: an Adam update is about lr per step, and a bf16 weight of magnitude w moves only in steps of about
     w / 128; at RL's learning rates (1e-6) updating the bf16 weights directly would round nearly every update away.
-    What it saves: the weights and their gradients at 2 bytes each instead of 4 (8 fewer bytes per parameter
-    than float32 training, less the 4 of the master: 12 against 16); on CUDA the all-gathers and the gradient
-    reduce-scatters move half the bytes. The masters are sharded like their parameters (FSDP2 DTensors) and saved
-    in the optimizer state as `master`, so a resume continues from the float32 values.
+    What it costs: between updates 2 + 4 + 8 bytes per parameter (weight, master, moments) against float32's 4 + 8,
+    and in the step each gradient becomes a float32 one (the bf16 one is freed as it is converted). So a bf16 actor
+    saves no memory (benchmarks/memory_levers.py measured its peak 0.8 GiB above float32's at the 0.5B shape); it is
+    here so that verl scripts that set it train correctly. The reference model in bf16 (no optimizer) is the lever.
+    The masters are sharded like their parameters (FSDP2 DTensors) and saved in the optimizer state as `master`, so
+    a resume continues from the float32 values.
     """
 
     def __init__(self, params, **kwargs):
@@ -142,6 +144,7 @@ class Float32MasterAdamW(torch.optim.AdamW):
         masters = self._masters()
         for param, master in zip(self.model_params, masters, strict=True):
             master.grad = None if param.grad is None else param.grad.float()
+            param.grad = None  # one gradient copy at a time
         loss = super().step(closure)
         for param, master in zip(self.model_params, masters, strict=True):
             param.copy_(master)

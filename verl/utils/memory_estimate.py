@@ -495,7 +495,8 @@ def estimate_ppo_memory(
     phases["optimizer_step"] = {
         **resident,
         "actor optimizer": actor_optimizer,
-        "gradients": actor_bytes * actor.trainable // actor_shard,
+        # Float32MasterAdamW turns each gradient into a float32 one for its masters.
+        "gradients": FLOAT32_BYTES * actor.trainable // actor_shard,
         "optimizer temporaries": FLOAT32_BYTES * actor.trainable // actor_shard,
     }
     return MemoryEstimate(phases, capacity, capacity_source, plan.device)

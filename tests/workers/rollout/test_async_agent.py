@@ -365,3 +365,32 @@ def test_without_branching_a_group_call_runs_n_independent_loops():
     manager = AgentLoopManager(engine, TOK, branching_config(beam_size=1))
     out = manager.generate_sequences(prompts(["a", "b"]), PARAMS, 400, pad_token_id=EOS, n=3, branching=True)
     assert response_texts(out) == ["answer a"] * 3 + ["answer b"] * 3 and engine.calls == [6]
+
+
+def test_a_streaming_engine_takes_each_request_as_it_comes():
+    """Continuous batching (an engine that `streams`, as vLLM's): loops back from tools of different latencies join
+    the running batch at once; every row keeps its own tokens and tool results, as with batches."""
+    from scripted_engine import StreamingScriptedEngine
+
+    rng = random.Random(1)
+    echo = EchoTool(delay=lambda: rng.choice([0.0, 0.01, 0.03]))
+
+    def script(prompt, response):
+        rounds = response.count("<tool_response>")
+        if rounds < int(prompt[1:]) % 3:
+            return f'<tool_call>{{"name": "echo", "arguments": {{"text": "{prompt}-{rounds}"}}}}</tool_call>$'
+        return f" final {prompt}$"
+    engine = StreamingScriptedEngine(script)
+    manager = AgentLoopManager(engine, TOK, config(response_length=400, num_workers=4), tools={"echo": echo},
+                               call_format=build_call_format("hermes", ["echo"], TOK))
+    rows = 12
+    out = run(manager, prompts([f"q{i}" for i in range(rows)], agent_name=["tool_agent"] * rows), response_length=400)
+    for i in range(rows):
+        assert result_spans(out, i) == [f"\n<tool_response>\ngot q{i}-{r}\n</tool_response>\n" for r in range(i % 3)]
+        assert response_texts(out)[i].endswith(f" final q{i}")
+    assert all(size == 1 for size in engine.calls)  # each request finished on its own, never a batch at once
+    assert len(engine.requests) == rows + sum(i % 3 for i in range(rows))  # one request per turn
+    assert not engine.queue  # every request finished
+    assert max(engine.running) > 1  # requests ran together
+    metrics = out.meta_info["metrics"]
+    assert metrics["agent/engine_batches"][0] == len(engine.running)

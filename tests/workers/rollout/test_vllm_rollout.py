@@ -54,6 +54,21 @@ class EnginePair:
     def generate(self, which, prompts, params):
         return getattr(self, which).generate(prompts, params)
 
+    def stream(self, prompts, params, joins_after: int = 2):
+        """Continuous batching: the first prompt alone, the others joining after `joins_after` engine steps, then
+        steps until all finish; the completions in prompt order, and the requests running at each step."""
+        assert self.vllm.streams
+        ids = [self.vllm.add_request(prompts[0], params)]
+        running, done = [], {}
+        for _ in range(joins_after):
+            running.append(len(ids) - len(done))
+            done.update(self.vllm.step())
+        ids += [self.vllm.add_request(p, params) for p in prompts[1:]]
+        while len(done) < len(ids):
+            running.append(len(ids) - len(done))
+            done.update(self.vllm.step())
+        return [done[i] for i in ids], running
+
     def checksums(self):
         return self.hf.weights_checksum(), self.vllm.weights_checksum()
 
@@ -183,6 +198,19 @@ def test_per_prompt_params_and_budgets(engines):
             else:
                 assert len(out.token_ids) <= p.max_tokens
                 assert out.stop_reason == "\n" or (out.stop_reason is None and out.token_ids[-1] == eos)
+
+
+def test_requests_joining_a_running_batch_get_the_batched_greedy_tokens(engines):
+    """Continuous batching (`add_request` / `step`, the agent loop's path): requests that join while another runs
+    get the tokens, log-probs and finish of the same requests in one `generate` call."""
+    pair, prompts = engines
+    params = SamplingParams(temperature=0, max_tokens=12)
+    streamed, running = ray.get(pair.stream.remote(prompts, params))
+    batched = ray.get(pair.generate.remote("vllm", prompts, params))
+    assert running[:2] == [1, 1] and max(running) == len(prompts)  # the first ran alone, then all together
+    for got, (want,) in zip(streamed, batched):
+        assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+        assert got.log_probs == pytest.approx(want.log_probs, abs=1e-4)
 
 
 def test_after_an_actor_update_vllm_scores_a_sequence_like_the_actor(engines):

@@ -12,8 +12,10 @@ loop to ask once. The engine runs in the calling thread while the loops go on in
 with its own event loop: one loop's tool call runs while the others decode, and a loop written with blocking code
 stalls only its own thread. A batch reaches the engine in row order, so with plain sampling it is the same engine
 call as `mode=sync` makes, and the same seed gives the same samples. Requests whose sampling differs in more than
-`max_tokens` go in separate engine calls (the HF engine samples one way per call). vLLM is driven the same way (its
-offline engine takes the batch), which keeps both engines behind `RolloutEngine.generate`.
+`max_tokens` go in separate engine calls (the HF engine samples one way per call). vLLM (an engine of one rank)
+batches continuously instead, as verl's async vLLM server does: each request joins the running batch when it comes
+and its loop resumes the step it finishes (`EngineServer._stream`; `VLLMRollout.add_request` / `step` over vLLM's
+engine), so no loop waits for a batch to end; its samples then depend on the timing of the tool calls.
 
 **Loops.** `single_turn_agent` (one generation) and `tool_agent` (multi-turn tool calls, see `ToolAgentLoop`) are
 built in. A user loop subclasses `AgentLoopBase`, implements `async run(sampling_params, **row) -> AgentLoopOutput`,
@@ -199,6 +201,12 @@ class _Request:
     future: concurrent.futures.Future
 
 
+def _token_output(out) -> TokenOutput:
+    """A loop's TokenOutput of an engine's CompletionOutput."""
+    return TokenOutput(token_ids=list(out.token_ids), log_probs=list(out.log_probs), entropies=list(out.entropies),
+                       finish_reason=out.finish_reason, stop_reason=out.stop_reason, top_log_probs=out.top_log_probs)
+
+
 class EngineServer:
     """The loops' `server_manager` over one `RolloutEngine` (module docstring). `base` is the call's sampling (the
     rollout config's or validation's); a loop's `sampling_params` dict overrides temperature, top_p, top_k,
@@ -271,7 +279,10 @@ class EngineServer:
     # ------------------------------------------------------------------ the engine's side
     def serve(self, alive: Callable[[], bool] = lambda: True) -> None:
         """Run batches until every loop has finished (in the thread that owns the engine), or until `alive()` says
-        the threads running the loops are gone (a crash outside any loop: nothing would ask again)."""
+        the threads running the loops are gone (a crash outside any loop: nothing would ask again). An engine that
+        streams (`streams`, vLLM's) takes each request as it comes instead (`_stream`)."""
+        if getattr(self.engine, "streams", False):
+            return self._stream(alive)
         first_deadline = time.monotonic() + FIRST_REQUEST_WAIT_S
         while True:
             with self._cond:
@@ -292,6 +303,39 @@ class EngineServer:
                 self._pending = []
             self._run(batch)
 
+    def _stream(self, alive: Callable[[], bool]) -> None:
+        """Continuous batching: each request joins the engine's running batch as soon as it comes (`add_request`),
+        the engine steps while any is unfinished (`step`), and each loop gets its completion the step it finishes,
+        so a loop back from a tool call never waits for a batch to end. `batch_sizes` holds the requests running at
+        each engine step."""
+        in_flight: dict[str, _Request] = {}
+        while True:
+            with self._cond:
+                while not self._pending and not in_flight and (self._running > 0 or self._holders > 0):
+                    if not self._cond.wait(timeout=1.0) and not alive():
+                        return
+                if not self._pending and not in_flight:
+                    return
+                arrived = sorted(self._pending, key=lambda r: r.order)
+                self._pending = []
+            for request in arrived:
+                try:
+                    in_flight[self.engine.add_request(request.prompt_ids, request.params)] = request
+                except Exception as err:  # this request's loop gets the engine's error
+                    request.future.set_exception(err)
+            if not in_flight:
+                continue
+            self.batch_sizes.append(len(in_flight))
+            try:
+                finished = self.engine.step()
+            except Exception as err:  # every running request's loop gets the engine's error
+                for request in in_flight.values():
+                    request.future.set_exception(err)
+                in_flight.clear()
+                continue
+            for request_id, out in finished:
+                in_flight.pop(request_id).future.set_result(_token_output(out))
+
     def _run(self, batch: list[_Request]) -> None:
         self.batch_sizes.append(len(batch))
         groups: dict[str, list[_Request]] = {}
@@ -305,9 +349,7 @@ class EngineServer:
                     r.future.set_exception(err)
                 continue
             for r, (out, *_) in zip(requests, outputs):
-                r.future.set_result(TokenOutput(token_ids=list(out.token_ids), log_probs=list(out.log_probs),
-                                                entropies=list(out.entropies), finish_reason=out.finish_reason,
-                                                stop_reason=out.stop_reason, top_log_probs=out.top_log_probs))
+                r.future.set_result(_token_output(out))
 
 
 # ---------------------------------------------------------------------------------------------- set-up

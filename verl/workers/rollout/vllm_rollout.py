@@ -293,6 +293,7 @@ class VLLMRollout(RolloutEngine):
             self.tp_rank, self._tp_group, self._tp_ranks = 0, None, [0]
         self._asleep: set[str] = set()
         self.pushed_checksum: float | None = None
+        self._in_flight: dict[str, SamplingParams] = {}  # streamed requests (add_request) not finished yet
 
     @classmethod
     def build(cls, *, model_path, tokenizer, config, device, seed, load_module, weights_follow, tokenizer_path=None,
@@ -361,6 +362,40 @@ class VLLMRollout(RolloutEngine):
         if output.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM ended a completion with finish_reason={output.finish_reason!r}")
         return CompletionOutput(token_ids, log_probs, entropies, finish_reason, output.stop_reason, top)
+
+    # ---- continuous batching ---------------------------------------------------------------------------------
+
+    @property
+    def streams(self) -> bool:
+        """Whether requests can join a running batch (`add_request`, then `step` until they finish), as verl's
+        async vLLM server serves its agent loops: for an engine of one rank (a tensor-parallel group mirrors whole
+        `generate` calls instead)."""
+        return self._tp_group is None
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> str:
+        """Queue one request (n=1) in the running engine; returns its id, which `step` reports it by."""
+        from vllm.inputs import TokensPrompt
+
+        if not prompt_ids:
+            raise ValueError("an empty prompt: the vLLM engine needs at least one prompt token")
+        if params.n != 1:
+            raise ValueError(f"add_request takes one completion per request, not n={params.n}")
+        (internal,) = self.llm.enqueue([TokensPrompt(prompt_token_ids=list(map(int, prompt_ids)))],
+                                       [self._vllm_params(params)], use_tqdm=False)
+        # enqueue returns vLLM's internal id, "<the id LLM gave the request>-<8 random characters>"; the outputs of
+        # `step` carry the first part.
+        request_id = internal.rsplit("-", 1)[0]
+        self._in_flight[request_id] = params
+        return request_id
+
+    def step(self) -> list[tuple[str, CompletionOutput]]:
+        """One engine step over every queued and running request: (request id, completion) of those it finished."""
+        done = []
+        for output in self.llm.llm_engine.step():
+            if output.finished and output.request_id in self._in_flight:
+                params = self._in_flight.pop(output.request_id)
+                done.append((output.request_id, self._completion(output.outputs[0], params)))
+        return done
 
     # ---- tensor-parallel groups -------------------------------------------------------------------------------
 
