@@ -443,3 +443,26 @@ def test_compiled_layers_give_the_eager_update(assert_same_update):
     assert all(hasattr(layer, "_compiled_call_impl") and layer._compiled_call_impl is not None
                for layer in compiled.model.layers)
     assert_same_update(compiled, metrics, reference, ref_metrics, "actor/grad_norm")
+
+
+def test_a_bf16_reference_gives_the_kl_of_the_float32_one_within_bf16_rounding():
+    """ref.fsdp_config.model_dtype=bf16: the reference's log-probs come from bf16 weights (and bf16 compute on CPU);
+    the KL penalty of the actor against it is the float32 reference's within bf16 rounding."""
+    from verl.algorithms.kl import kl_penalty
+
+    model = _model()
+    data = _batch(model)
+    data.meta_info.update(micro_batch_size=3, use_dynamic_bsz=False)
+    mask = data.batch["response_mask"].bool()
+    actor = torch.nn.Module.to(copy.deepcopy(model), torch.float32)
+    with torch.no_grad():  # the actor moved away from the reference a little
+        for p in actor.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.02)
+    log_prob, _ = _actor(_config(), actor).compute_log_prob(data)
+    ref32, _ = _actor(_config(), model).compute_log_prob(data)
+    ref16, _ = _actor(_config(), copy.deepcopy(model).to(torch.bfloat16)).compute_log_prob(data)
+    assert ref16.dtype == torch.float32  # log-probs in float32 whatever the weights
+    assert (ref16 - ref32)[mask].abs().max() < 0.05  # bf16 keeps 8 bits of mantissa
+    for kind in ("low_var_kl", "kl"):
+        kl32, kl16 = (kl_penalty(log_prob, ref, kind)[mask].mean().item() for ref in (ref32, ref16))
+        assert kl16 == pytest.approx(kl32, abs=0.01), kind
