@@ -33,7 +33,7 @@ def test_a_loss_registered_by_a_users_module_trains_in_the_workers(key, ray_sess
     config = load_config(overrides=tiny_overrides(
         tiny_model_dir, arithmetic_data_dir, f"{key}={value}",
         "actor_rollout_ref.actor.policy_loss.loss_mode=plugin_vanilla", "trainer.total_training_steps=1",
-        "actor_rollout_ref.model.use_liger=true", f"trainer.default_local_dir={tmp_path / 'run'}"))
+        "actor_rollout_ref.model.use_shm=true", f"trainer.default_local_dir={tmp_path / 'run'}"))
     try:
         history = run_ppo(config)
     finally:
@@ -41,7 +41,7 @@ def test_a_loss_registered_by_a_users_module_trains_in_the_workers(key, ray_sess
     assert history[0]["actor/plugin_loss_ran"] == 1.0
     assert history[0]["actor/pg_loss"] == history[0]["actor/pg_loss"]  # finite, not NaN
     out = capsys.readouterr().out
-    assert out.count("does nothing in Quiver") == 1 and "actor_rollout_ref.model.use_liger=true" in out
+    assert out.count("does nothing in Quiver") == 1 and "actor_rollout_ref.model.use_shm=true" in out
 
 
 def test_an_external_lib_that_fails_to_import_is_a_config_error(tmp_path):
