@@ -209,23 +209,33 @@ def test_tag_calls_of_the_seed_format():
     assert response_texts(out)[0].startswith("<python>print(1)</python>")
 
 
-def test_many_loops_with_tools_of_different_latencies_keep_each_rows_tokens():
-    rng = random.Random(0)
-    echo = EchoTool(delay=lambda: rng.choice([0.0, 0.01, 0.05]))
+def tool_rounds(prompt, response):
+    """Row qI calls the echo tool I % 3 times (in hermes format), then answers " final qI"."""
+    rounds = response.count("<tool_response>")
+    if rounds < int(prompt[1:]) % 3:
+        return f'<tool_call>{{"name": "echo", "arguments": {{"text": "{prompt}-{rounds}"}}}}</tool_call>$'
+    return f" final {prompt}$"
 
-    def script(prompt, response):
-        rounds = response.count("<tool_response>")
-        if rounds < int(prompt[1:]) % 3:
-            return f'<tool_call>{{"name": "echo", "arguments": {{"text": "{prompt}-{rounds}"}}}}</tool_call>$'
-        return f" final {prompt}$"
-    manager = AgentLoopManager(ScriptedEngine(script), TOK, config(response_length=400, num_workers=4),
-                               tools={"echo": echo}, call_format=build_call_format("hermes", ["echo"], TOK))
-    rows = 24
+
+def run_tool_rounds(engine, rows: int, delays: list[float], seed: int):
+    """`rows` tool_agent loops of `tool_rounds` on `engine`, the echo tool taking one of `delays` seconds at random;
+    checks that every row kept its own tool results and answer; returns the batch."""
+    rng = random.Random(seed)
+    echo = EchoTool(delay=lambda: rng.choice(delays))
+    manager = AgentLoopManager(engine, TOK, config(response_length=400, num_workers=4), tools={"echo": echo},
+                               call_format=build_call_format("hermes", ["echo"], TOK))
     out = run(manager, prompts([f"q{i}" for i in range(rows)], agent_name=["tool_agent"] * rows), response_length=400)
     for i in range(rows):
-        spans = result_spans(out, i)
-        assert spans == [f"\n<tool_response>\ngot q{i}-{r}\n</tool_response>\n" for r in range(i % 3)]
+        assert result_spans(out, i) == [f"\n<tool_response>\ngot q{i}-{r}\n</tool_response>\n" for r in range(i % 3)]
         assert response_texts(out)[i].endswith(f" final q{i}")
+    return out
+
+
+def test_many_loops_with_tools_of_different_latencies_keep_each_rows_tokens():
+    rows = 24
+    out = run_tool_rounds(ScriptedEngine(tool_rounds), rows, [0.0, 0.01, 0.05], seed=0)
+    for i in range(rows):
+        spans = result_spans(out, i)
         trained = out.batch["response_mask"][i].sum().item()
         attended = out.batch["attention_mask"][i, -400:].sum().item()
         assert attended - trained == sum(map(len, spans))
@@ -372,22 +382,8 @@ def test_a_streaming_engine_takes_each_request_as_it_comes():
     the running batch at once; every row keeps its own tokens and tool results, as with batches."""
     from scripted_engine import StreamingScriptedEngine
 
-    rng = random.Random(1)
-    echo = EchoTool(delay=lambda: rng.choice([0.0, 0.01, 0.03]))
-
-    def script(prompt, response):
-        rounds = response.count("<tool_response>")
-        if rounds < int(prompt[1:]) % 3:
-            return f'<tool_call>{{"name": "echo", "arguments": {{"text": "{prompt}-{rounds}"}}}}</tool_call>$'
-        return f" final {prompt}$"
-    engine = StreamingScriptedEngine(script)
-    manager = AgentLoopManager(engine, TOK, config(response_length=400, num_workers=4), tools={"echo": echo},
-                               call_format=build_call_format("hermes", ["echo"], TOK))
-    rows = 12
-    out = run(manager, prompts([f"q{i}" for i in range(rows)], agent_name=["tool_agent"] * rows), response_length=400)
-    for i in range(rows):
-        assert result_spans(out, i) == [f"\n<tool_response>\ngot q{i}-{r}\n</tool_response>\n" for r in range(i % 3)]
-        assert response_texts(out)[i].endswith(f" final q{i}")
+    engine, rows = StreamingScriptedEngine(tool_rounds), 12
+    out = run_tool_rounds(engine, rows, [0.0, 0.01, 0.03], seed=1)
     assert all(size == 1 for size in engine.calls)  # each request finished on its own, never a batch at once
     assert len(engine.requests) == rows + sum(i % 3 for i in range(rows))  # one request per turn
     assert not engine.queue  # every request finished
