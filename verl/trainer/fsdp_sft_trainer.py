@@ -266,7 +266,10 @@ def run_sft(config: DictConfig) -> str:
     device = resolve_device(config.trainer.device)
     created = init_distributed(device)
     try:
-        return _train(config, device)
+        out_dir = _train(config, device)
+        if created:  # no rank tears its group down while another still writes the model (a gloo abort at exit)
+            dist.barrier()
+        return out_dir
     finally:
         if created:
             dist.destroy_process_group()
