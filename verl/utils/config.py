@@ -79,7 +79,7 @@ VERL_KEY_REASONS: tuple[tuple[str, str], ...] = (
     ("checkpoint_engine", "the weight push is one collective per tensor into the engine's own tensors"),
     ("quantization", "the rollout engine runs the actor's weights unquantized"),
     ("nccl_timeout", "Quiver keeps torch.distributed's default timeout"),
-    ("torch_dtype", "models are loaded in float32 and compute in fsdp_config.dtype on CUDA"),
+    ("torch_dtype", "models are loaded in fsdp_config.model_dtype and compute in fsdp_config.dtype on CUDA"),
     ("num_repeat_rollouts", "the driver repeats each prompt rollout.n times"),
     ("tokenization_sanity_check", "tool turns are tokenized once, as the chat template renders them"),
     ("use_inference_chat_template", "the chat template of the tokenizer renders every turn"),
