@@ -96,6 +96,14 @@ def response_predictors(attention_mask: torch.Tensor, destination: torch.Tensor,
     return scored, destination[:, length - response_length - 1 : length - 1][scored]
 
 
+def padded_predictors(rows: int, width: int, response_length: int, device) -> torch.Tensor:
+    """The flat indices, in `(rows, width)` padded rows that end with `response_length` response columns, of the
+    positions that predict the response tokens (the response_length positions before each row's last), row-major:
+    `(rows * response_length,)`."""
+    starts = torch.arange(rows, device=device) * width + width - response_length - 1
+    return (starts[:, None] + torch.arange(response_length, device=device)).reshape(-1)
+
+
 def unpack_responses(values: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
     """`(bs, response_len)`: `values` (one per marked position of `scored`, row-major) in place, 0 elsewhere."""
     return torch.zeros(scored.shape, dtype=values.dtype, device=values.device).masked_scatter(scored, values)

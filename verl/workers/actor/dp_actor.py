@@ -25,6 +25,7 @@ from verl.utils.fused_logprobs import CHUNK_TOKENS, fused_logprobs_and_entropy, 
 from verl.utils.packing import (
     cut_shared_left_padding,
     pack_rows,
+    padded_predictors,
     response_predictors,
     unpack_responses,
     uses_varlen_attention,
@@ -173,9 +174,7 @@ class DataParallelPPOActor:
                                         calculate_entropy, chunking, fused)
         if fused:
             batch, width = input_ids.shape
-            # The positions that predict the response tokens: the response_length before each row's last.
-            starts = torch.arange(batch, device=input_ids.device) * width + width - response_length - 1
-            positions = (starts[:, None] + torch.arange(response_length, device=input_ids.device)).reshape(-1)
+            positions = padded_predictors(batch, width, response_length, input_ids.device)
             with fused_lm_head(self.actor_module, positions, responses.reshape(-1), temperature, calculate_entropy):
                 stats = self.actor_module(input_ids=input_ids, attention_mask=attention_mask,
                                           position_ids=position_ids, use_cache=False).logits[0]
@@ -231,9 +230,7 @@ class DataParallelPPOActor:
             mask, targets = None, responses[scored]
         else:
             rows, positions, mask, scored = input_ids, position_ids, attention_mask, None
-            batch, width = rows.shape
-            starts = torch.arange(batch, device=rows.device) * width + width - response_length - 1
-            predictors = (starts[:, None] + torch.arange(response_length, device=rows.device)).reshape(-1)
+            predictors = padded_predictors(*rows.shape, response_length, rows.device)
             targets = responses.reshape(-1)
         # Which positions predict a response token, and that token, laid out like the rows: split like them.
         flags = torch.zeros(rows.numel(), dtype=torch.bool, device=rows.device).index_fill_(0, predictors, True)

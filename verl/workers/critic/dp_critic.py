@@ -72,31 +72,14 @@ class DataParallelPPOCritic:
         response_length = response_mask.shape[-1]
         input_ids, attention_mask, position_ids = cut_shared_left_padding(
             micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"], response_length)
-        if self.sp_group is not None:
-            return self._values_sequence_parallel(input_ids, attention_mask, position_ids, response_mask)
-        if not self.use_remove_padding:
-            output = self.critic_module(input_ids=input_ids, attention_mask=attention_mask,
-                                        position_ids=position_ids, use_cache=False)
-            return output.logits[:, -response_length - 1 : -1, 0].float() * response_mask
-
-        packed_ids, packed_positions, destination = pack_rows(input_ids, attention_mask, position_ids,
-                                                              self.filler_token_id, self.varlen_attention)
-        output = self.critic_module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None,
-                                    use_cache=False)
-        scored, before = response_predictors(attention_mask, destination, response_length)
-        return unpack_responses(output.logits[..., 0].flatten()[before].float(), scored)
-
-    def _values_sequence_parallel(self, input_ids, attention_mask, position_ids, response_mask) -> torch.Tensor:
-        """`_forward_micro_batch` under Ulysses sequence parallelism (`verl/utils/ulysses.py`): each rank of
-        `sp_group` runs the value model on one piece of every row; the values of all positions are gathered, whole,
-        on every rank, then read as without it."""
-        response_length = response_mask.shape[-1]
         if self.use_remove_padding:
             rows, positions, destination = pack_rows(input_ids, attention_mask, position_ids, self.filler_token_id,
                                                      self.varlen_attention)
             mask = None
         else:
             rows, positions, mask = input_ids, position_ids, attention_mask
+        # Under Ulysses sequence parallelism each rank of `sp_group` runs the model on one piece of every row and the
+        # values of all positions are gathered, whole, on every rank; without a group the block changes nothing.
         with ulysses_forward(self.critic_module, self.sp_group, rows, mask, positions) as sp:
             local = self.critic_module(**sp.model_inputs, use_cache=False).logits[..., 0].float()
             values = sp.gather(local, dim=1)
