@@ -117,6 +117,18 @@ class RolloutEngine(ABC):
     def wake_up(self) -> None:
         """Undo `sleep` before the next rollout."""
 
+    # An engine that batches continuously sets `streams` and implements `add_request` / `step` (the agent loop's
+    # server then feeds it request by request; vllm_rollout.VLLMRollout); the others are served in whole batches.
+    streams: bool = False
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> str:
+        """Queue one request (n=1) into the running batch; returns the id `step` reports it by."""
+        raise NotImplementedError(f"{type(self).__name__} does not batch continuously")
+
+    def step(self) -> list[tuple[str, CompletionOutput]]:
+        """Run one step over every queued and running request: (request id, completion) of those it finished."""
+        raise NotImplementedError(f"{type(self).__name__} does not batch continuously")
+
     def weights_checksum(self) -> float:
         """The sum of the engine's weights (float64), to check that a push arrived."""
         raise NotImplementedError(f"{type(self).__name__} does not report a weights checksum")
