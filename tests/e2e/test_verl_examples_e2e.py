@@ -98,7 +98,7 @@ def test_a_verl_0_9_script_trains_with_its_async_mode_engine_and_keys(ray_sessio
     train(main, command(GSPO_VERL_0_9, changes(small_data, out, tiny_model_dir)), out)
     printed = capsys.readouterr().out
     assert "rollout.mode=async" not in printed  # honoured: verl's agent loops
-    assert printed.count("[config] actor_rollout_ref.rollout.name=sglang: Quiver has no SGLang engine") == 1
+    assert printed.count("[config] actor_rollout_ref.rollout.name=sglang: the SGLang engine runs on CUDA only") == 1
     for key in ("actor_rollout_ref.rollout.calculate_log_probs", "global_profiler.tool", "data.image_key",
                 "actor_rollout_ref.actor.calculate_entropy"):
         assert printed.count(f"[config] {key}=") == 1, key

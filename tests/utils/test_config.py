@@ -244,7 +244,7 @@ def test_vllm_only_keys_are_announced_when_the_engine_is_hf(capsys):
     keys = announce_inert_keys(load_config(overrides=["actor_rollout_ref.rollout.name=hf", *overrides]), "hf")
     assert keys == ["actor_rollout_ref.rollout.tensor_model_parallel_size",
                     "actor_rollout_ref.rollout.gpu_memory_utilization"]
-    assert "only the vllm engine reads it, and this run's engine is hf" in capsys.readouterr().out
+    assert "only the vllm and sglang engines read it, and this run's engine is hf" in capsys.readouterr().out
     assert announce_inert_keys(load_config(overrides=["actor_rollout_ref.rollout.name=vllm", *overrides]),
                                "vllm") == []
 
@@ -383,18 +383,40 @@ def test_async_mode_names_what_it_cannot_do_and_what_is_missing(tmp_path):
         validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.multi_turn.max_parallel_calls=0"]))
 
 
-def test_an_engine_name_quiver_lacks_runs_on_autos_choice_and_says_so(capsys):
-    """rollout.name=sglang (18 of verl's FSDP example scripts): accepted, resolved as auto (the HF engine here, where
-    vLLM's CPU build is not picked for the tiny shapes), one line naming the engine the run uses."""
+def test_an_engine_that_cannot_run_here_runs_on_autos_choice_and_says_so(capsys, monkeypatch):
+    """rollout.name=sglang (18 of verl's FSDP example scripts) is SGLang's engine on CUDA where sglang is installed;
+    elsewhere it resolves as auto (the HF engine here, where vLLM's CPU build is not picked for the tiny shapes), with
+    one line naming why and the engine the run uses. trtllm, which Quiver does not have, does the same."""
+    import importlib.util
+
     from verl.trainer.ppo.config_rules import announce_inert_keys
     from verl.trainer.ppo.run_plan import plan_run
+    from verl.workers.rollout.base import resolve_rollout_name
 
-    cfg = load_config(overrides=["actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu"])
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu",
+                                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"])
     validate_ppo_config(cfg)
     engine = plan_run(cfg, "cpu", actor_parameters=1000).rollout_engine
     assert engine == "hf"
-    announce_inert_keys(cfg, engine)
-    assert ("[config] actor_rollout_ref.rollout.name=sglang: Quiver has no SGLang engine; this run uses hf"
+    announce_inert_keys(cfg, engine, "cpu")
+    printed = capsys.readouterr().out
+    assert ("[config] actor_rollout_ref.rollout.name=sglang: the SGLang engine runs on CUDA only (device is cpu); this "
+            "run uses hf, what rollout.name=auto picks here") in printed
+    assert "gpu_memory_utilization=0.7 is accepted for verl scripts but does nothing" in printed
+    # On CUDA: SGLang's engine where sglang is installed (then its keys are read), auto's choice where it is not.
+    real_find_spec = importlib.util.find_spec
+    for installed in (True, False):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: (object() if installed else None) if name == "sglang"
+                            else real_find_spec(name, *a))
+        assert resolve_rollout_name("sglang", "cuda") == ("sglang" if installed else resolve_rollout_name("auto",
+                                                                                                          "cuda"))
+    assert announce_inert_keys(cfg, "sglang", "cuda") == []
+    assert "name=sglang" not in capsys.readouterr().out
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.name=trtllm", "trainer.device=cpu"])
+    announce_inert_keys(cfg, "hf", "cpu")
+    assert ("[config] actor_rollout_ref.rollout.name=trtllm: Quiver has no TensorRT-LLM engine; this run uses hf"
             in capsys.readouterr().out)
 
 

@@ -133,7 +133,7 @@ def plan_ppo_run(config: DictConfig, device: str) -> tuple[RunPlan, MemoryEstima
         shapes = None
     parameters = shapes["actor"].parameters if shapes else None
     plan = plan_run(config, device, parameters)
-    announce_inert_keys(config, plan.rollout_engine)
+    announce_inert_keys(config, plan.rollout_engine, plan.device)
     kv_cache_bytes = None  # vLLM's default KV cache on CPU, read only when vLLM runs there (its import sets env vars)
     if device == "cpu" and plan.rollout_engine == "vllm":
         from verl.workers.rollout.vllm_rollout import CPU_KV_CACHE_BYTES as kv_cache_bytes

@@ -29,7 +29,7 @@ c bytes of the plan's compute dtype (the parameters' on CPU; `fsdp_config.dtype`
     rollout engine   the plan's engine. hf: 4 P (its own float32 copy, freed or moved to host between rollouts with
                      free_cache_engine, except on CUDA with the static decode loop, whose graphs keep it) + KV cache
                      2 L kv (prompt + response) 4 per sequence it decodes (the rank's prompts x n, the node's with
-                     share_cpu_engine); vllm on CUDA: gpu_memory_utilization of the GPU;
+                     share_cpu_engine); vllm and sglang on CUDA: gpu_memory_utilization of the GPU;
                      vllm on CPU: 4 P + its KV cache (no sleep mode there); other engines (openai: a remote server;
                      the user's own): nothing counted
     process          PROCESS_BYTES per worker process (CUDA context, or on CPU the interpreter with torch)
@@ -424,10 +424,11 @@ def estimate_ppo_memory(
     name = plan.rollout_engine
     engine_weights = FLOAT32_BYTES * actor.parameters  # the engines load their own float32 copy
     generate = {}
-    if name == "vllm" and cuda:
-        generate["vllm (gpu_memory_utilization)"] = int(rollout.gpu_memory_utilization * (capacity or 0))
+    if name in ("vllm", "sglang") and cuda:  # each claims its fraction of the GPU (SGLang: mem_fraction_static)
+        claim = f"{name} (gpu_memory_utilization)"
+        generate[claim] = int(rollout.gpu_memory_utilization * (capacity or 0))
         if not rollout.free_cache_engine:
-            resident["vllm (gpu_memory_utilization)"] = generate.pop("vllm (gpu_memory_utilization)")
+            resident[claim] = generate.pop(claim)
     elif name == "vllm":
         kv = (rollout.engine_kwargs.get("vllm") or {}).get("kv_cache_memory_bytes")
         if kv is None:
@@ -620,7 +621,7 @@ def _remedies(plan: RunPlan) -> list[tuple[str, str]]:
             ("actor_rollout_ref.rollout.micro_batch_size", "size"),
         ]
     if plan.device == "cuda":
-        if plan.rollout_engine == "vllm":
+        if plan.rollout_engine in ("vllm", "sglang"):
             keys += [
                 ("actor_rollout_ref.rollout.free_cache_engine", "flag"),
                 ("actor_rollout_ref.rollout.gpu_memory_utilization", "down"),

@@ -16,7 +16,7 @@ from verl.trainer.config.schema import PPOTrainerConfig
 from verl.utils.config import ConfigError, need, resolve_device, verl_key_reason, verl_only_keys, verl_only_values
 from verl.utils.typed_config import build_section, check_config_types, check_with
 from verl.workers.reward_manager.naive import OverlongBuffer
-from verl.workers.rollout.base import ENGINES_NOT_BUILT, resolve_rollout_name
+from verl.workers.rollout.base import CUDA_ONLY_ENGINES, ENGINES_NOT_BUILT, engine_unavailable, resolve_rollout_name
 
 
 def resolve_policy_loss(actor: DictConfig, problems: list[str]) -> None:
@@ -162,17 +162,21 @@ def check_group_filters(config: PPOTrainerConfig, problems: list[str]) -> None:
 
 
 def check_engine(cfg: DictConfig, problems: list[str]) -> None:
-    """vLLM's settings against the model, the device and the ranks (read from the model's config.json)."""
+    """The engine's settings against the model, the device and the ranks (vLLM reads the model's config.json)."""
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name not in ("auto", "vllm", *ENGINES_NOT_BUILT) or cfg.trainer.device not in ("auto", "cpu", "cuda"):
+    named = ("auto", "vllm", *CUDA_ONLY_ENGINES, *ENGINES_NOT_BUILT)
+    if rollout.name not in named or cfg.trainer.device not in ("auto", "cpu", "cuda"):
         return
     device = resolve_device("auto") if cfg.trainer.device == "auto" else cfg.trainer.device
-    if resolve_rollout_name(rollout.name, device) == "vllm":
+    engine, n_ranks, prefix = resolve_rollout_name(rollout.name, device), world_size(cfg.trainer), "actor_rollout_ref.rollout"
+    if engine == "vllm":
         from verl.workers.rollout.vllm_rollout import config_problems
 
-        n_ranks = world_size(cfg.trainer)
-        problems.extend(config_problems(rollout, cfg.actor_rollout_ref.model.path, device, n_ranks,
-                                        "actor_rollout_ref.rollout"))
+        problems.extend(config_problems(rollout, cfg.actor_rollout_ref.model.path, device, n_ranks, prefix))
+    elif engine == "sglang":
+        from verl.workers.rollout.sglang_rollout import config_problems
+
+        problems.extend(config_problems(rollout, device, n_ranks, prefix))
 
 
 def check_agent_mode(rollout: DictConfig, problems: list[str]) -> None:
@@ -238,10 +242,13 @@ INERT_KEYS: dict[str, str] = {
 }
 
 
-# Rollout keys only the vLLM engine reads: with the HF engine they do nothing (announced like INERT_KEYS).
+# Rollout keys only the served engines read (vLLM all of them, SGLang those of SGLANG_KEYS): with the HF engine they
+# do nothing (announced like INERT_KEYS).
 VLLM_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs",
                   "max_model_len", "enable_chunked_prefill", "enable_prefix_caching", "enforce_eager", "load_format",
                   "disable_log_stats", "engine_kwargs", "dtype")
+SGLANG_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "max_model_len", "load_format", "engine_kwargs",
+               "dtype")
 
 
 def _changed(cfg: DictConfig, keys) -> list[str]:
@@ -265,13 +272,14 @@ def inert_keys_set(cfg: DictConfig, engine: str) -> list[str]:
     plan's `rollout_engine`) is another, and the verl 0.9 keys Quiver's tree lacks that an override added."""
     keys = _changed(cfg, INERT_KEYS)
     if engine != "vllm":
-        keys += _changed(cfg, [f"actor_rollout_ref.rollout.{key}" for key in VLLM_ONLY_KEYS])
+        read = SGLANG_KEYS if engine == "sglang" else ()
+        keys += _changed(cfg, [f"actor_rollout_ref.rollout.{key}" for key in VLLM_ONLY_KEYS if key not in read])
     return keys + list(verl_only_values(cfg))  # their types were checked when the config was composed
 
 
-def announce_inert_keys(cfg: DictConfig, engine: str) -> list[str]:
+def announce_inert_keys(cfg: DictConfig, engine: str, device: str = "cpu") -> list[str]:
     """Print one line per key set away from its default that does nothing in this run (whose rollout engine is
-    `engine`); returns those keys."""
+    `engine`, on `device`), and one when the engine named is not the one the run uses; returns the keys."""
     keys = inert_keys_set(cfg, engine)
     for key in keys:
         value = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
@@ -281,10 +289,12 @@ def announce_inert_keys(cfg: DictConfig, engine: str) -> list[str]:
         elif key in verl_only_keys():
             reason = f"a verl 0.9 key without a counterpart here: {verl_key_reason(key)}"
         else:
-            reason = f"only the vllm engine reads it, and this run's engine is {engine}"
+            readers = "vllm and sglang engines read" if key.rpartition(".")[2] in SGLANG_KEYS else "vllm engine reads"
+            reason = f"only the {readers} it, and this run's engine is {engine}"
         print(f"[config] {key}={shown} is accepted for verl scripts but does nothing in Quiver: {reason}")
     rollout = cfg.actor_rollout_ref.rollout
-    if rollout.name in ENGINES_NOT_BUILT and rollout.name != engine:
-        print(f"[config] actor_rollout_ref.rollout.name={rollout.name}: Quiver has no {ENGINES_NOT_BUILT[rollout.name]} "
-              f"engine; this run uses {engine}, what rollout.name=auto picks here")
+    why = engine_unavailable(rollout.name, device)
+    if why and rollout.name != engine:
+        print(f"[config] actor_rollout_ref.rollout.name={rollout.name}: {why}; this run uses {engine}, what "
+              "rollout.name=auto picks here")
     return keys

@@ -158,6 +158,7 @@ _ROLLOUT_REGISTRY: dict[str, type[RolloutEngine]] = {}
 _BUILTIN_ROLLOUT_MODULES = {
     "hf": "verl.workers.rollout.hf_rollout",
     "vllm": "verl.workers.rollout.vllm_rollout",
+    "sglang": "verl.workers.rollout.sglang_rollout",
     "openai": "verl.workers.rollout.openai_rollout",
 }
 
@@ -245,15 +246,31 @@ VLLM_CPU_MIN_PARAMETERS = 50_000_000
 
 # Engine names verl accepts whose engines Quiver does not have: unless a plug-in registered one under that name, they
 # run on what rollout.name=auto picks (announced at start-up by config_rules.announce_inert_keys).
-ENGINES_NOT_BUILT = {"sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+ENGINES_NOT_BUILT = {"trtllm": "TensorRT-LLM"}
+# Engines Quiver has that run only where their package is installed and only on CUDA: elsewhere the name resolves as
+# auto (announced the same way), so that a verl script naming them runs on any machine.
+CUDA_ONLY_ENGINES = {"sglang": "SGLang"}
+
+
+def engine_unavailable(name: str, device: str) -> str | None:
+    """Why the engine `name` cannot run here -- a name of ENGINES_NOT_BUILT no plug-in registered, or a CUDA-only
+    engine off CUDA or without its package --, or None when it can (or is not one of those)."""
+    if name in ENGINES_NOT_BUILT and name not in _ROLLOUT_REGISTRY:
+        return f"Quiver has no {ENGINES_NOT_BUILT[name]} engine"
+    if name in CUDA_ONLY_ENGINES:
+        if device != "cuda":
+            return f"the {CUDA_ONLY_ENGINES[name]} engine runs on CUDA only (device is {device})"
+        if importlib.util.find_spec(name) is None:
+            return f"{CUDA_ONLY_ENGINES[name]} is not installed (pip install {name})"
+    return None
 
 
 def resolve_rollout_name(name: str, device: str, actor_parameters: int | None = None,
                          vllm_problems: Callable[[], list[str]] | None = None) -> str:
     """`rollout.name=auto`: vLLM where it is installed -- on CUDA, and on CPU for an actor of VLLM_CPU_MIN_PARAMETERS
     or more (`actor_parameters`) that vLLM's CPU build can run (`vllm_problems()` finds nothing) --, otherwise the
-    HF engine. A name of ENGINES_NOT_BUILT that no plug-in registered resolves as auto."""
-    if name in ENGINES_NOT_BUILT and name not in _ROLLOUT_REGISTRY:
+    HF engine. A name that `engine_unavailable` rules out here resolves as auto."""
+    if engine_unavailable(name, device):
         name = "auto"
     if name != "auto" or importlib.util.find_spec("vllm") is None:
         return "hf" if name == "auto" else name
