@@ -407,8 +407,8 @@ def test_an_engine_that_cannot_run_here_runs_on_autos_choice_and_says_so(capsys,
     real_find_spec = importlib.util.find_spec
     for installed in (True, False):
         monkeypatch.setattr(importlib.util, "find_spec",
-                            lambda name, *a: (object() if installed else None) if name == "sglang"
-                            else real_find_spec(name, *a))
+                            lambda name, *a, installed=installed: (object() if installed else None)
+                            if name == "sglang" else real_find_spec(name, *a))
         assert resolve_rollout_name("sglang", "cuda") == ("sglang" if installed else resolve_rollout_name("auto",
                                                                                                           "cuda"))
     assert announce_inert_keys(cfg, "sglang", "cuda") == []

@@ -152,6 +152,7 @@ class RolloutEngine(ABC):
         return work([local])[0]
 
 
+
 _ROLLOUT_REGISTRY: dict[str, type[RolloutEngine]] = {}
 
 # Engines shipped with Quiver, imported on first use so an engine's heavy dependency (vllm) is only needed when chosen.
@@ -237,6 +238,41 @@ def config_value(config, key: str, default=_SHIPPED):
         return value
     return default_of(f"actor_rollout_ref.rollout.{key}") if default is _SHIPPED else default
 
+
+# ---- what the served engines (vLLM, SGLang) read from the rollout config the same way
+
+
+def engine_load_format(config, weights_follow: bool) -> str:
+    """`rollout.load_format`, except that "dummy" (placeholder weights) becomes "auto" (read the checkpoint) when no
+    actor pushes weights after each update (`weights_follow` false): nobody would ever replace the placeholders."""
+    load_format = config_value(config, "load_format")
+    return "auto" if load_format == "dummy" and not weights_follow else load_format
+
+
+def engine_extra_kwargs(config, engine: str) -> dict:
+    """`rollout.engine_kwargs.<engine>` as a plain dict: the engine's own arguments, passed through as they are."""
+    from omegaconf import DictConfig, OmegaConf
+
+    extra = (config_value(config, "engine_kwargs") or {}).get(engine) or {}
+    return OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else dict(extra)
+
+
+def engine_max_model_len(config, hf_config) -> int | None:
+    """`rollout.max_model_len`, else prompt + response length within the model's positions (None: unknown, the
+    engine's own default)."""
+    length = config_value(config, "max_model_len")
+    if length is not None:
+        return int(length)
+    total = int(config_value(config, "prompt_length", 0)) + int(config_value(config, "response_length", 0))  # 0: unknown
+    positions = getattr(hf_config, "max_position_embeddings", None)
+    return min(total, positions) if total and positions else (total or None)
+
+
+def check_prompts_not_empty(prompt_token_ids: list[list[int]], engine: str) -> None:
+    """A served engine needs at least one token per prompt; name the first prompt without."""
+    for i, ids in enumerate(prompt_token_ids):
+        if len(ids) == 0:
+            raise ValueError(f"prompt {i} is empty; the {engine} engine needs at least one prompt token")
 
 # rollout.name=auto on CPU takes vLLM's CPU build, where it is installed, from this many actor parameters on: at the
 # Qwen2.5-0.5B shape on 2 cores it decoded a GRPO step's 8 x 64 tokens in 8.1 s against the HF engine's 20.0 (the

@@ -37,13 +37,16 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
     SamplingParams,
+    check_prompts_not_empty,
     config_value,
+    engine_extra_kwargs,
+    engine_load_format,
+    engine_max_model_len,
     params_per_prompt,
     register_rollout,
     uses_agent_loop,
@@ -88,17 +91,6 @@ def config_problems(rollout, device: str, n_ranks: int, prefix: str) -> list[str
         problems.append(f"{prefix}.entropy_mode=exact needs full-vocabulary entropies, which SGLang does not "
                         f"compute; use entropy_mode=topk (ARPO's estimate) or {prefix}.name=hf")
     return problems
-
-
-def _context_length(config, hf_config) -> int | None:
-    """rollout.max_model_len, else prompt + response length within the model's positions (None: SGLang's default,
-    the model's own)."""
-    length = config_value(config, "max_model_len")
-    if length is not None:
-        return int(length)
-    total = int(config_value(config, "prompt_length", 0)) + int(config_value(config, "response_length", 0))
-    positions = getattr(hf_config, "max_position_embeddings", None)
-    return min(total, positions) if total and positions else (total or None)
 
 
 def _check(result, what: str) -> None:
@@ -151,7 +143,7 @@ class SGLangRollout(RolloutEngine):
             random_seed=seed,
             tp_size=1,
             mem_fraction_static=float(config_value(config, "gpu_memory_utilization")),
-            context_length=_context_length(config, hf_config),
+            context_length=engine_max_model_len(config, hf_config),
             # Ray shows each worker only its own GPU, which is then the current device.
             base_gpu_id=self.device.index if self.device.index is not None else torch.cuda.current_device(),
             enable_memory_saver=self.can_sleep,
@@ -160,10 +152,7 @@ class SGLangRollout(RolloutEngine):
             kwargs["enable_weights_cpu_backup"] = True
         if hf_overrides:
             kwargs["json_model_override_args"] = json.dumps(hf_overrides)
-        extra = (config_value(config, "engine_kwargs")).get("sglang") or {}
-        if isinstance(extra, DictConfig):
-            extra = OmegaConf.to_container(extra, resolve=True)
-        kwargs.update(extra)
+        kwargs.update(engine_extra_kwargs(config, "sglang"))
         self.engine = Engine(**kwargs)
         self._released: set[str] = set()
         self.pushed_checksum: float | None = None
@@ -173,10 +162,8 @@ class SGLangRollout(RolloutEngine):
               trust_remote_code=False, hf_overrides=None) -> SGLangRollout:
         """See `RolloutEngine.build`: SGLang reads the checkpoint itself, or with `load_format=dummy` and an actor
         pushing weights (`weights_follow`), starts from placeholders and never reads it."""
-        load_format = config_value(config, "load_format")
-        if load_format == "dummy" and not weights_follow:
-            load_format = "auto"  # nobody would push real weights
-        return cls(model_path, config, device, seed=seed or 0, load_format=load_format, tokenizer_path=tokenizer_path,
+        return cls(model_path, config, device, seed=seed or 0, load_format=engine_load_format(config, weights_follow),
+                   tokenizer_path=tokenizer_path,
                    trust_remote_code=trust_remote_code, hf_overrides=hf_overrides, weights_follow=weights_follow)
 
     # ---- generation -------------------------------------------------------------------------------------------
@@ -187,9 +174,7 @@ class SGLangRollout(RolloutEngine):
         """See `RolloutEngine.generate`. Per-prompt params may differ in anything. Each of a prompt's n completions
         is its own SGLang request (n=1), so the results map to prompts by position."""
         per_prompt = params_per_prompt(params, len(prompt_token_ids))
-        for i, ids in enumerate(prompt_token_ids):
-            if len(ids) == 0:
-                raise ValueError(f"prompt {i} is empty; the SGLang engine needs at least one prompt token")
+        check_prompts_not_empty(prompt_token_ids, "SGLang")
         if self.weights_released:
             raise RuntimeError("SGLangRollout.generate: the weights were released by sleep(); push them first "
                                "(update_weights)")

@@ -42,13 +42,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
     SamplingParams,
+    check_prompts_not_empty,
     config_value,
+    engine_extra_kwargs,
+    engine_load_format,
+    engine_max_model_len,
     params_per_prompt,
     register_rollout,
 )
@@ -230,11 +233,7 @@ class VLLMRollout(RolloutEngine):
             check_cpu_head_size(hf_config)
 
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        max_model_len = config_value(config, "max_model_len")
-        if max_model_len is None:  # prompt + response, within what the model's positions allow
-            total = int(config_value(config, "prompt_length", 0)) + int(config_value(config, "response_length", 0))  # 0: unknown
-            positions = getattr(hf_config, "max_position_embeddings", None)
-            max_model_len = min(total, positions) if total and positions else (total or None)
+        max_model_len = engine_max_model_len(config, hf_config)
         kwargs: dict[str, Any] = {key: config_value(config, key) for key in _PASSTHROUGH_KEYS}
         kwargs.update(
             model=model_path,
@@ -266,10 +265,7 @@ class VLLMRollout(RolloutEngine):
                 kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         else:
             kwargs["gpu_memory_utilization"] = float(config_value(config, "gpu_memory_utilization"))
-        extra = (config_value(config, "engine_kwargs")).get("vllm") or {}
-        if isinstance(extra, DictConfig):
-            extra = OmegaConf.to_container(extra, resolve=True)
-        kwargs.update(extra)
+        kwargs.update(engine_extra_kwargs(config, "vllm"))
 
         # external_launcher puts vLLM on cuda:$LOCAL_RANK; Ray shows each worker only its own GPU, so that is the
         # current device, whatever the rank's place on its node.
@@ -300,10 +296,8 @@ class VLLMRollout(RolloutEngine):
               trust_remote_code=False, hf_overrides=None) -> VLLMRollout:
         """See `RolloutEngine.build`: vLLM reads the checkpoint itself, or with `load_format=dummy` and an actor
         pushing weights (`weights_follow`), starts from placeholders and never reads it."""
-        load_format = config_value(config, "load_format")
-        if load_format == "dummy" and not weights_follow:
-            load_format = "auto"  # nobody would push real weights
-        return cls(model_path, tokenizer, config, device, seed=seed or 0, load_format=load_format,
+        return cls(model_path, tokenizer, config, device, seed=seed or 0,
+                   load_format=engine_load_format(config, weights_follow),
                    tokenizer_path=tokenizer_path, trust_remote_code=trust_remote_code, hf_overrides=hf_overrides)
 
     # ---- generation -------------------------------------------------------------------------------------------
@@ -313,9 +307,7 @@ class VLLMRollout(RolloutEngine):
     ) -> list[list[CompletionOutput]]:
         """See `RolloutEngine.generate`. Per-prompt params may differ in anything."""
         per_prompt = params_per_prompt(params, len(prompt_token_ids))
-        for i, ids in enumerate(prompt_token_ids):
-            if len(ids) == 0:
-                raise ValueError(f"prompt {i} is empty; the vLLM engine needs at least one prompt token")
+        check_prompts_not_empty(prompt_token_ids, "vLLM")
         if self._tp_group is not None and self.tp_rank == 0:
             self._tell_group(("generate", (prompt_token_ids, per_prompt)))
         return self._generate(prompt_token_ids, per_prompt)
