@@ -95,7 +95,8 @@ def test_estimate_by_hand_on_a_small_config():
         "layer gradients": 10 * 4 * (3 * 16 + 2 * 8),
         "gradients": 4 * 1000 // 2 + 4 * 400,
     }
-    assert estimate.phases["optimizer_step"] == {**resident, "gradients": 2000, "optimizer temporaries": 2000}
+    # The fused AdamW step (torch >= 2.13) makes no temporaries: the gradients beside what is resident.
+    assert estimate.phases["optimizer_step"] == {**resident, "gradients": 2000}
     # The old-log-prob pass takes the rank's 4 sequences at once (no micro-batch size): 4 float32 copies of 16 x 50
     # logits with the entropy, against one layer's temporaries over 40 tokens.
     assert estimate.phases["old_log_prob"] == {
@@ -106,6 +107,52 @@ def test_estimate_by_hand_on_a_small_config():
     }
     assert "ref" not in estimate.phases and "values" not in estimate.phases
     assert estimate.peak_phase == "update_actor"
+
+
+def test_the_update_peaks_at_the_head_before_the_gradients_exist_or_at_the_end_with_all_of_them(monkeypatch):
+    """The backward starts at the head: at the logits' peak no layer's gradient exists yet (the fused head has made
+    its own gradient by then; earlier micro-batches of the mini-batch have left theirs); every gradient exists only
+    at the end, when the logits are gone. Measured at the Qwen2.5-0.5B shape: benchmarks/memory_levers.py."""
+    import verl.utils.memory_estimate as memory_estimate
+
+    wide_vocab = dataclasses.replace(SMALL, vocab=5000)
+
+    def update(*overrides: str) -> dict:
+        config = small_config(*overrides)
+        return estimate_ppo_memory(config, plan_run(config, "cpu"), {"actor": wide_vocab}).phases["update_actor"]
+
+    # One micro-batch of the rank's 2 sequences (8 scored tokens): 3 float32 copies of 8 x 5000 logits, and none of
+    # the gradients (3600 bytes with the root group's unsharded ones) beside them.
+    whole = update("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+    assert whole["logits"] == 8 * 5000 * 4 * 3
+    assert "gradients" not in whole and "accumulated gradients" not in whole and "head gradient" not in whole
+    # Micro-batches of one sequence: the first one's gradient shard (4 x 1000 / 2) is there at the second one's head.
+    halves = update("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    assert (halves["logits"], halves["accumulated gradients"]) == (4 * 5000 * 4 * 3, 2000)
+    # The fused head accumulates its own gradient (the 400 root weights, unsharded in float32) chunk by chunk.
+    fused = update("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.model.use_fused_kernels=true")
+    assert (fused["logits"], fused["head gradient"]) == (8 * 5000 * 4 * 3, 4 * 400)
+    # Chunked entropy: the head's logits and their gradient for all 8 positions, and 7 float32 copies of one chunk.
+    chunked = update("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.entropy_coeff=0.01",
+                     "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")
+    assert chunked["logits"] == 5000 * 4 * (8 * 2 + 8 * 7)
+    monkeypatch.setattr(memory_estimate, "LOGITS_CHUNK", 2)  # chunks of 2 of the 8 positions
+    chunked = update("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.entropy_coeff=0.01",
+                     "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")
+    assert chunked["logits"] == 5000 * 4 * (8 * 2 + 2 * 7)
+    # A narrow vocabulary: the end of the backward is the peak, with every gradient.
+    narrow = estimate_ppo_memory(small_config("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"),
+                                 plan_run(small_config(), "cpu"), {"actor": SMALL}).phases["update_actor"]
+    assert narrow["gradients"] == 2000 + 4 * 400 and "logits" not in narrow
+
+
+def test_the_foreach_adamw_step_counts_its_temporaries(monkeypatch):
+    import verl.utils.memory_estimate as memory_estimate
+
+    monkeypatch.setattr(memory_estimate, "adamw_is_fused", lambda device: False)  # torch before 2.13
+    config = small_config()
+    step = estimate_ppo_memory(config, plan_run(config, "cpu"), {"actor": SMALL}).phases["optimizer_step"]
+    assert (step["gradients"], step["optimizer temporaries"]) == (2000, 2000)
 
 
 def test_checkpointing_keeps_layer_inputs_and_one_recomputed_layer():
@@ -249,11 +296,13 @@ def test_a_config_that_cannot_fit_is_refused_naming_the_key_and_a_value_that_fit
     assert check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan) == (plan, None)
 
 
-# The update of the wide config on 2 CPU ranks (float32, checkpointing on), by hand: what does not depend on the
-# micro-batch -- the weights' and optimizer's shards, 4 x 300M / 2 + 8 x 300M / 2, the process, the gathered weights
-# 4 x 300M, the gradients' shard 4 x 300M / 2 and the root group's 4 x 180M -- and per sequence the 3 float32 copies
-# of its 1024 x 151936 logits and each of the 12 layers' input, 1536 tokens x 4 x 896.
-WIDE_UPDATE_FIXED = 600_000_000 + 1_200_000_000 + PROCESS_BYTES + 1_200_000_000 + 600_000_000 + 720_000_000
+# The update of the wide config on 2 CPU ranks (float32, checkpointing on), by hand, when the mini-batch of 16
+# sequences takes several micro-batches: at the head's logits (the peak) what does not depend on the micro-batch --
+# the weights' and optimizer's shards, 4 x 300M / 2 + 8 x 300M / 2, the process, the gathered weights 4 x 300M, and
+# the gradients' shard 4 x 300M / 2 the earlier micro-batches left (the root group's unsharded ones, 4 x 180M, come
+# only at the end of the backward, when the logits are gone) -- and per sequence the 3 float32 copies of its 1024 x
+# 151936 logits and each of the 12 layers' input, 1536 tokens x 4 x 896.
+WIDE_UPDATE_FIXED = 600_000_000 + 1_200_000_000 + PROCESS_BYTES + 1_200_000_000 + 600_000_000
 WIDE_UPDATE_PER_SEQUENCE = 1024 * 151936 * 4 * 3 + 1536 * 12 * 4 * 896
 
 
@@ -262,7 +311,7 @@ def test_an_unset_micro_batch_is_sized_to_the_largest_divisor_that_fits(capsys):
     plan = plan_run(config, "cpu")
     assert plan.actor_update.micro.size is None and plan.actor_update.mini_batch == 16
     sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
-    # 16 and 8 sequences do not fit 90% of 12 GiB, and neither does 4 (12.59e9 > 11.60e9); 2 does (8.72e9).
+    # 16 and 8 sequences do not fit 90% of 12 GiB, and neither does 4 (11.87e9 > 11.60e9); 2 does (8.00e9).
     assert WIDE_UPDATE_FIXED + 4 * WIDE_UPDATE_PER_SEQUENCE > WARN_SHARE * 12 * GIB
     assert estimate.total("update_actor") == WIDE_UPDATE_FIXED + 2 * WIDE_UPDATE_PER_SEQUENCE <= WARN_SHARE * 12 * GIB
     assert sized.actor_update.micro.size == 2 and estimate.fits()
@@ -339,7 +388,7 @@ def test_a_run_that_cannot_fit_at_micro_batch_1_is_refused_naming_the_levers_lef
         "the estimate sized it to 1): a smaller micro-batch cannot help." in message
     )
     fixes = message.split("Single changes, each re-estimated (unset micro-batches sized again):\n")[1].splitlines()
-    # Checkpointing keeps each layer's input instead: WIDE_UPDATE_FIXED + WIDE_UPDATE_PER_SEQUENCE = 6.32 GiB.
+    # Checkpointing keeps each layer's input instead: WIDE_UPDATE_FIXED + WIDE_UPDATE_PER_SEQUENCE = 5.65 GiB.
     with_checkpointing = (WIDE_UPDATE_FIXED + WIDE_UPDATE_PER_SEQUENCE) / GIB
     assert fixes[0] == (
         f"  actor_rollout_ref.model.enable_gradient_checkpointing=true: peak {with_checkpointing:.2f} GiB (fits)"
@@ -426,21 +475,22 @@ def test_the_first_contact_job_on_one_80gb_gpu_starts_on_defaults(tmp_path, caps
 
 def test_a_mini_batch_of_128_sequences_is_cut_to_fit_an_80gb_gpu(tmp_path):
     # One mini-batch of all 16 prompts (on-policy: no old-log-prob pass). The update of 128 sequences would need
-    # 77.15 GiB, more than 90% of 80 GiB, its logits 128 x 256 x 151936 x 14 bytes = 64.91 GiB; 64 sequences 43.71
-    # (the HF engine's static loop keeps its 1.84 GiB float32 copy on the GPU all step).
+    # 75.05 GiB, more than 90% of 80 GiB, its logits 128 x 256 x 151936 x 14 bytes = 64.91 GiB, with no gradient yet;
+    # 64 sequences 43.45, with the first micro-batch's gradients, 1.84 GiB (the HF engine's static loop keeps its
+    # 1.84 GiB float32 copy on the GPU all step).
     config = qwen_0_5b_job(tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=16")
     shape = read_model_shape(str(tmp_path))
     plan = plan_run(config, "cuda", shape.parameters)
     assert plan.actor_update.mini_batch == 128 and plan.old_log_prob_source == "actor"
     whole = estimate_ppo_memory(config, plan, {"actor": shape}, capacity=80 * GIB)
     assert whole.phases["update_actor"]["logits"] == 128 * 256 * 151936 * UPDATE_LOGITS
-    assert f"{whole.total('update_actor') / GIB:.2f}" == "77.15" and whole.peak > WARN_SHARE * 80 * GIB
+    assert f"{whole.total('update_actor') / GIB:.2f}" == "75.05" and whole.peak > WARN_SHARE * 80 * GIB
 
     sized, estimate = check_ppo_memory(config, plan, {"actor": shape},
                                        replan=lambda changed: _replan(changed, "cuda", shape))
     assert sized.actor_update.micro.size == 64 and sized.actor_update.mini_batch == 128
     assert sized.old_log_prob_source == "actor" and "old_log_prob" not in estimate.phases
-    assert estimate.peak_phase == "update_actor" and f"{estimate.peak / GIB:.2f}" == "43.71"
+    assert estimate.peak_phase == "update_actor" and f"{estimate.peak / GIB:.2f}" == "43.45"
 
 
 def test_a_run_that_cannot_fit_while_generating_is_refused_naming_the_engine_and_offload(tmp_path):

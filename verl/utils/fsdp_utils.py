@@ -84,6 +84,12 @@ def reshard_all(model: torch.nn.Module) -> None:
 FUSED_ADAMW_MIN_TORCH = (2, 13)
 
 
+def adamw_is_fused(device_type: str) -> bool:
+    """Whether `build_optimizer` steps parameters on `device_type` with torch's fused AdamW (the memory estimate
+    reads it too: the fused step makes no full-size temporaries, the foreach one a denominator per moment)."""
+    return device_type in ("cuda", "cpu") and torch.__version__ >= FUSED_ADAMW_MIN_TORCH
+
+
 def build_optimizer(model: torch.nn.Module, lr: float, betas, weight_decay: float, total_steps: int,
                     warmup_steps: int = 0, scheduler: str = "constant", num_cycles: float = 0.5,
                     min_lr_ratio: float = 0.0):
@@ -101,7 +107,7 @@ def build_optimizer(model: torch.nn.Module, lr: float, betas, weight_decay: floa
 
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
     devices = {p.device.type for p in trainable}
-    fused = len(devices) == 1 and devices <= {"cuda", "cpu"} and torch.__version__ >= FUSED_ADAMW_MIN_TORCH
+    fused = len(devices) == 1 and adamw_is_fused(next(iter(devices)))
     # Parameters held in a lower precision (fsdp_config.model_dtype) step through float32 master copies.
     adamw = Float32MasterAdamW if any(p.dtype != torch.float32 for p in trainable) else torch.optim.AdamW
     optimizer = adamw(trainable, lr=lr, betas=tuple(betas), weight_decay=weight_decay, fused=True if fused else None)

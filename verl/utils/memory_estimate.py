@@ -57,11 +57,12 @@ from collections.abc import Callable
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.config import ConfigError
-from verl.utils.fsdp_utils import reshards_after_forward
+from verl.utils.fsdp_utils import adamw_is_fused, reshards_after_forward
 from verl.utils.fused_logprobs import CHUNK_TOKENS
 from verl.utils.lora import lora_settings
 from verl.utils.model_server import served_reward_engine
 from verl.utils.run_plan import MicroBatches, RunPlan
+from verl.utils.torch_functional import LOGITS_CHUNK
 
 GIB = 1024**3
 FLOAT32_BYTES = 4
@@ -75,9 +76,12 @@ PROCESS_BYTES = 512 * 1024**2
 # and the log-softmax (its gradient replaces logits / T in the backward); the entropy adds the softmax, its product
 # with the logits and their gradients.
 LOGITS_COPIES = {(False, False): 3, (False, True): 4, (True, False): 3, (True, True): 8}
-# With entropy_from_logits_with_chunking: the logits, their gradient and the log-softmax kept per chunk (measured
-# 2.3-3.0 without entropy, 4.3 with, for chunks of a third of the positions).
-CHUNKED_LOGITS_COPIES = {False: 3, True: 4.5}
+# With entropy_from_logits_with_chunking, by entropy: float32 copies of one chunk's (LOGITS_CHUNK positions x
+# vocabulary) logits alive at once (its float32 copy, log-softmax, softmax, their gradients), on top of the whole
+# micro-batch's logits and their gradient (2 copies), which the LM head makes before any chunk. Measured at the
+# Qwen2.5-0.5B shape: 4.2 copies in all with one chunk without the entropy, 9.2 with it (benchmarks/memory_levers.py);
+# 2.3-3.0 and 4.3 for chunks of a third of the positions.
+CHUNKED_LOGITS_COPIES = {False: 2, True: 7}
 # The fused log-probs (model.use_fused_kernels): float32 (FUSED_CHUNK, vocabulary) tensors alive at once in a chunk
 # of the forward or of its recomputing backward (the logits, their softmax, the gradient).
 FUSED_LOGITS_COPIES = 3
@@ -312,6 +316,7 @@ class _Pass:
     param_bytes: int = FLOAT32_BYTES  # the parameters' dtype (fsdp_config.model_dtype)
     shard: int = 1  # ranks of its FSDP2 shard group (HSDP: fsdp_size)
     sp: int = 1  # ranks of its Ulysses group: each holds 1/sp of every sequence's tokens
+    accumulates: bool = False  # an update of several micro-batches: gradients from the earlier ones are held
 
 
 def estimate_ppo_memory(
@@ -339,6 +344,10 @@ def estimate_ppo_memory(
     def sequences(field: str) -> int:
         return _sequences(*passes[field], length)
 
+    def accumulates(field: str) -> bool:
+        """Whether the update's mini-batch takes more than one micro-batch (gradients then accumulate)."""
+        return sequences(field) < passes[field][1]
+
     def on_device(offload_key: bool) -> bool:
         return not (cuda and offload_key)  # offloading is a CUDA feature; on CPU everything is in host memory
 
@@ -357,8 +366,9 @@ def estimate_ppo_memory(
         layers = p.shape.root_parameters + 2 * p.shape.layer_parameters if reshard else p.shape.parameters
         return p.compute_bytes * layers
 
-    def forward_parts(p: _Pass, grad: bool, entropy: bool, extra_copies: float = 0) -> dict[str, int]:
-        """A pass's temporaries: the gathered weights, the activations and the logits of one micro-batch."""
+    def pass_parts(p: _Pass, grad: bool, entropy: bool, extra_copies: float = 0):
+        """A pass's temporaries besides its peak: the gathered weights and what it keeps per token; and its two
+        candidate peaks, the head's logits (bytes) and the largest layer temporaries (name, bytes)."""
         shape, c = p.shape, p.compute_bytes
         tokens, scored = -(-p.sequences * length // p.sp), -(-p.sequences * response // p.sp)
         parts = {"gathered weights": gathered(p)}
@@ -367,37 +377,59 @@ def estimate_ppo_memory(
         logits = 0
         if shape.vocab and plan.fused_logprobs and not extra_copies:  # a chunk of tokens at a time (no full logits)
             logits = int(min(scored, CHUNK_TOKENS) * shape.vocab * FLOAT32_BYTES * FUSED_LOGITS_COPIES)
+        elif shape.vocab and grad and actor_cfg.entropy_from_logits_with_chunking:
+            chunk = min(scored, LOGITS_CHUNK)
+            logits = int(shape.vocab * FLOAT32_BYTES * (scored * (2 + extra_copies) + chunk * CHUNKED_LOGITS_COPIES[entropy])
+                         + scored * shape.vocab * (c if cuda else 0))
         elif shape.vocab:
-            chunked = bool(actor_cfg.entropy_from_logits_with_chunking)
-            copies = CHUNKED_LOGITS_COPIES[entropy] if chunked and grad else LOGITS_COPIES[(grad, entropy)]
+            copies = LOGITS_COPIES[(grad, entropy)]
             logits = int(scored * shape.vocab * (FLOAT32_BYTES * (copies + extra_copies) + (c if cuda else 0)))
         layer = tokens * shape.layer_temporaries(c)
         # With activation offload (CUDA) what autograd saves waits in host memory: one layer's is on the device.
         saved_layers = 1 if plan.activation_offload and shape.vocab else shape.layers
         if not grad:  # the residual stream, then one layer's temporaries at a time, then the head
             parts["hidden states"] = tokens * 2 * c * shape.hidden
-            peak = ("logits", logits) if logits >= layer else ("layer temporaries", layer)
-        elif p.checkpointing:  # each layer's input; then the head, or one layer recomputed for its backward
+            return parts, logits, ("layer temporaries", layer)
+        if p.checkpointing:  # each layer's input; then the head, or one layer recomputed for its backward
             parts["activations"] = tokens * saved_layers * c * shape.hidden
-            recomputed = tokens * shape.saved_per_token(c) + layer
-            peak = ("logits", logits) if logits >= recomputed else ("recomputed layer", recomputed)
-        else:  # every layer's activations; then the head, or one layer's gradient temporaries
-            parts["activations"] = tokens * saved_layers * shape.saved_per_token(c)
-            peak = ("logits", logits) if logits >= layer else ("layer gradients", layer)
-        parts[peak[0]] = peak[1]
+            return parts, logits, ("recomputed layer", tokens * shape.saved_per_token(c) + layer)
+        # every layer's activations; then the head, or one layer's gradient temporaries
+        parts["activations"] = tokens * saved_layers * shape.saved_per_token(c)
+        return parts, logits, ("layer gradients", layer)
+
+    def forward_parts(p: _Pass, grad: bool, entropy: bool, extra_copies: float = 0) -> dict[str, int]:
+        """A pass's temporaries: the gathered weights, the activations and the logits of one micro-batch."""
+        parts, logits, (name, layer) = pass_parts(p, grad, entropy, extra_copies)
+        parts.update({"logits": logits} if logits >= layer else {name: layer})
         return parts
 
     def update_parts(p: _Pass, entropy: bool) -> dict[str, int]:
+        """A micro-batch's forward and backward. The backward starts at the head: the logits' peak comes before any
+        layer's gradient exists -- only the head's own, with the fused log-probs, which accumulate it chunk by chunk
+        (the plain head computes it after the logits' gradient) --, and every gradient exists only at its end, when
+        the logits are gone. The peak is the larger of the two moments."""
         c = p.compute_bytes
-        root_grad = (
-            c * p.shape.root_parameters
-            if p.shape.trainable == p.shape.parameters and (p.shard > 1 or c != p.param_bytes)
-            else 0
-        )
-        return {
-            **forward_parts(p, grad=True, entropy=entropy),
-            "gradients": p.param_bytes * p.shape.trainable // p.shard + root_grad,
-        }
+        # FSDP2 reduces each layer's unsharded gradient as it is made; the root group's (embeddings, head) stays
+        # unsharded until the end of the backward. One float32 rank holds its whole gradients (no gathering).
+        unsharded = p.shape.trainable == p.shape.parameters and (p.shard > 1 or c != p.param_bytes)
+        root_grad = c * p.shape.root_parameters if unsharded else 0
+        gradients = p.param_bytes * p.shape.trainable // p.shard + root_grad
+        head_grad = 0
+        if plan.fused_logprobs and p.shape.vocab and p.shape.trainable == p.shape.parameters:
+            head_grad = root_grad or p.param_bytes * p.shape.root_parameters
+        # After the first micro-batch of a mini-batch the earlier ones' (reduced, sharded) gradients are there too.
+        held = p.param_bytes * p.shape.trainable // p.shard if p.accumulates else 0
+        parts, logits, (name, layer) = pass_parts(p, grad=True, entropy=entropy)
+        if logits + head_grad + held >= gradients + layer:
+            parts["logits"] = logits
+            if head_grad:
+                parts["head gradient"] = head_grad
+            if held:
+                parts["accumulated gradients"] = held
+        else:
+            parts[name] = layer
+            parts["gradients"] = gradients
+        return parts
 
     # ---- what each process of the rank holds between its calls
     actor_fsdp = actor_cfg.fsdp_config
@@ -479,7 +511,7 @@ def estimate_ppo_memory(
         values = _Pass(critic_shape, critic_fsdp, critic_c, sequences("critic_forward"), critic_checkpointing,
                        critic_bytes, critic_shard, critic_sp)
         train = _Pass(critic_shape, critic_fsdp, critic_c, sequences("critic_update"), critic_checkpointing,
-                      critic_bytes, critic_shard, critic_sp)
+                      critic_bytes, critic_shard, critic_sp, accumulates("critic_update"))
         phases["values"] = {**resident, **forward_parts(values, grad=False, entropy=False)}
         phases["update_critic"] = {
             **resident,
@@ -489,17 +521,18 @@ def estimate_ppo_memory(
 
     # ---- the actor's update: forward and backward of a micro-batch, then the optimizer step
     train = _Pass(actor, actor_fsdp, actor_c, sequences("actor_update"), checkpointing, actor_bytes, actor_shard,
-                  plan.sequence_parallel)
+                  plan.sequence_parallel, accumulates("actor_update"))
     update = update_parts(train, entropy=plan.update_needs_entropy)
     phases["update_actor"] = {**resident, "actor optimizer": actor_optimizer, **update}
-    # AdamW's foreach step makes one temporary per moment tensor (the denominator).
     phases["optimizer_step"] = {
         **resident,
         "actor optimizer": actor_optimizer,
         # Float32MasterAdamW turns each gradient into a float32 one for its masters.
         "gradients": FLOAT32_BYTES * actor.trainable // actor_shard,
-        "optimizer temporaries": FLOAT32_BYTES * actor.trainable // actor_shard,
     }
+    # AdamW's foreach step makes one temporary per moment tensor (the denominator); the fused one none.
+    if not adamw_is_fused(plan.device):
+        phases["optimizer_step"]["optimizer temporaries"] = FLOAT32_BYTES * actor.trainable // actor_shard
     return MemoryEstimate(phases, capacity, capacity_source, plan.device)
 
 

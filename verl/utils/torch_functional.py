@@ -61,6 +61,11 @@ def sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.exp(2.0 * F.log_softmax(logits.float(), dim=-1)).sum(dim=-1)
 
 
+# Positions per chunk with entropy_from_logits_with_chunking (verl's chunk: 2048 tokens); the actor passes it as
+# `chunk_size` below, and the memory estimate counts one chunk's temporaries.
+LOGITS_CHUNK = 2048
+
+
 def logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
                          with_entropy: bool = False, chunk_size: int | None = None,
                          checkpoint: bool = False, *, with_sum_pi_squared: bool = False) -> tuple:

@@ -32,15 +32,13 @@ from verl.utils.packing import (
 )
 from verl.utils.run_plan import UpdateBatches
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
-from verl.utils.torch_functional import logprobs_and_entropy
+from verl.utils.torch_functional import LOGITS_CHUNK, logprobs_and_entropy
 from verl.utils.ulysses import ulysses_forward
 from verl.workers.ppo_batches import ppo_mini_batches
 
 ACTOR = "actor_rollout_ref.actor"
 
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
-# Positions per chunk with entropy_from_logits_with_chunking (verl's chunk: 2048 tokens).
-LOGITS_CHUNK = 2048
 # Tokens per chunk of the fused log-probs (model.use_fused_kernels).
 FUSED_CHUNK = CHUNK_TOKENS
 
