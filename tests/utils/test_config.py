@@ -244,7 +244,7 @@ def test_vllm_only_keys_are_announced_when_the_engine_is_hf(capsys):
     keys = announce_inert_keys(load_config(overrides=["actor_rollout_ref.rollout.name=hf", *overrides]), "hf")
     assert keys == ["actor_rollout_ref.rollout.tensor_model_parallel_size",
                     "actor_rollout_ref.rollout.gpu_memory_utilization"]
-    assert "only the vllm and sglang engines read it, and this run's engine is hf" in capsys.readouterr().out
+    assert "only the vllm, sglang and trtllm engines read it, and this run's engine is hf" in capsys.readouterr().out
     assert announce_inert_keys(load_config(overrides=["actor_rollout_ref.rollout.name=vllm", *overrides]),
                                "vllm") == []
 
@@ -416,8 +416,9 @@ def test_an_engine_that_cannot_run_here_runs_on_autos_choice_and_says_so(capsys,
     monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
     cfg = load_config(overrides=["actor_rollout_ref.rollout.name=trtllm", "trainer.device=cpu"])
     announce_inert_keys(cfg, "hf", "cpu")
-    assert ("[config] actor_rollout_ref.rollout.name=trtllm: Quiver has no TensorRT-LLM engine; this run uses hf"
-            in capsys.readouterr().out)
+    assert ("[config] actor_rollout_ref.rollout.name=trtllm: the TensorRT-LLM engine runs on CUDA only (device is cpu); "
+            "this run uses hf" in capsys.readouterr().out)
+    assert resolve_rollout_name("trtllm", "cuda") == resolve_rollout_name("auto", "cuda")  # tensorrt_llm missing
 
 
 def test_a_relative_config_path_is_resolved_from_the_entry_points_folder_as_hydra_does(tmp_path, monkeypatch):

@@ -104,8 +104,9 @@ class RunPlan:
 
     @property
     def processes_per_rank(self) -> int:
-        """Worker processes on each rank (its resource bundle): the actor's, the critic's and the reward model's."""
-        return 1 + self.use_critic + self.use_reward_model
+        """Worker processes on each rank (its resource bundle): the actor's, the critic's and the reward model's, and
+        TensorRT-LLM's engine, which runs in a Ray actor of its own on the rank's GPU (trtllm_rollout)."""
+        return 1 + self.use_critic + self.use_reward_model + (self.rollout_engine == "trtllm")
 
     def describe(self) -> str:
         """One line for the start of a run."""

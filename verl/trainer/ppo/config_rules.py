@@ -16,7 +16,13 @@ from verl.trainer.config.schema import PPOTrainerConfig
 from verl.utils.config import ConfigError, need, resolve_device, verl_key_reason, verl_only_keys, verl_only_values
 from verl.utils.typed_config import build_section, check_config_types, check_with
 from verl.workers.reward_manager.naive import OverlongBuffer
-from verl.workers.rollout.base import CUDA_ONLY_ENGINES, ENGINES_NOT_BUILT, engine_unavailable, resolve_rollout_name
+from verl.workers.rollout.base import (
+    CUDA_ONLY_ENGINES,
+    ENGINES_NOT_BUILT,
+    cuda_only_engine_problems,
+    engine_unavailable,
+    resolve_rollout_name,
+)
 
 
 def resolve_policy_loss(actor: DictConfig, problems: list[str]) -> None:
@@ -173,10 +179,8 @@ def check_engine(cfg: DictConfig, problems: list[str]) -> None:
         from verl.workers.rollout.vllm_rollout import config_problems
 
         problems.extend(config_problems(rollout, cfg.actor_rollout_ref.model.path, device, n_ranks, prefix))
-    elif engine == "sglang":
-        from verl.workers.rollout.sglang_rollout import config_problems
-
-        problems.extend(config_problems(rollout, device, n_ranks, prefix))
+    elif engine in CUDA_ONLY_ENGINES:
+        problems.extend(cuda_only_engine_problems(engine, rollout, device, n_ranks, prefix))
 
 
 def check_agent_mode(rollout: DictConfig, problems: list[str]) -> None:
@@ -242,13 +246,17 @@ INERT_KEYS: dict[str, str] = {
 }
 
 
-# Rollout keys only the served engines read (vLLM all of them, SGLang those of SGLANG_KEYS): with the HF engine they
-# do nothing (announced like INERT_KEYS).
+# Rollout keys only the served engines read (vLLM all of them, SGLang and TensorRT-LLM those of ENGINE_KEYS): with
+# the HF engine they do nothing (announced like INERT_KEYS).
 VLLM_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs",
                   "max_model_len", "enable_chunked_prefill", "enable_prefix_caching", "enforce_eager", "load_format",
                   "disable_log_stats", "engine_kwargs", "dtype")
-SGLANG_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "max_model_len", "load_format", "engine_kwargs",
-               "dtype")
+ENGINE_KEYS = {
+    "sglang": ("tensor_model_parallel_size", "gpu_memory_utilization", "max_model_len", "load_format", "engine_kwargs",
+               "dtype"),
+    "trtllm": ("tensor_model_parallel_size", "gpu_memory_utilization", "max_model_len", "load_format", "engine_kwargs",
+               "dtype", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enforce_eager"),
+}
 
 
 def _changed(cfg: DictConfig, keys) -> list[str]:
@@ -272,7 +280,7 @@ def inert_keys_set(cfg: DictConfig, engine: str) -> list[str]:
     plan's `rollout_engine`) is another, and the verl 0.9 keys Quiver's tree lacks that an override added."""
     keys = _changed(cfg, INERT_KEYS)
     if engine != "vllm":
-        read = SGLANG_KEYS if engine == "sglang" else ()
+        read = ENGINE_KEYS.get(engine, ())
         keys += _changed(cfg, [f"actor_rollout_ref.rollout.{key}" for key in VLLM_ONLY_KEYS if key not in read])
     return keys + list(verl_only_values(cfg))  # their types were checked when the config was composed
 
@@ -289,7 +297,9 @@ def announce_inert_keys(cfg: DictConfig, engine: str, device: str = "cpu") -> li
         elif key in verl_only_keys():
             reason = f"a verl 0.9 key without a counterpart here: {verl_key_reason(key)}"
         else:
-            readers = "vllm and sglang engines read" if key.rpartition(".")[2] in SGLANG_KEYS else "vllm engine reads"
+            names = ["vllm", *(name for name, read in ENGINE_KEYS.items() if key.rpartition(".")[2] in read)]
+            readers = (f"{', '.join(names[:-1])} and {names[-1]} engines read" if len(names) > 1
+                       else "vllm engine reads")
             reason = f"only the {readers} it, and this run's engine is {engine}"
         print(f"[config] {key}={shown} is accepted for verl scripts but does nothing in Quiver: {reason}")
     rollout = cfg.actor_rollout_ref.rollout

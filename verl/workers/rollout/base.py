@@ -160,6 +160,7 @@ _BUILTIN_ROLLOUT_MODULES = {
     "hf": "verl.workers.rollout.hf_rollout",
     "vllm": "verl.workers.rollout.vllm_rollout",
     "sglang": "verl.workers.rollout.sglang_rollout",
+    "trtllm": "verl.workers.rollout.trtllm_rollout",
     "openai": "verl.workers.rollout.openai_rollout",
 }
 
@@ -281,11 +282,26 @@ VLLM_CPU_MIN_PARAMETERS = 50_000_000
 
 
 # Engine names verl accepts whose engines Quiver does not have: unless a plug-in registered one under that name, they
-# run on what rollout.name=auto picks (announced at start-up by config_rules.announce_inert_keys).
-ENGINES_NOT_BUILT = {"trtllm": "TensorRT-LLM"}
-# Engines Quiver has that run only where their package is installed and only on CUDA: elsewhere the name resolves as
-# auto (announced the same way), so that a verl script naming them runs on any machine.
-CUDA_ONLY_ENGINES = {"sglang": "SGLang"}
+# run on what rollout.name=auto picks (announced at start-up by config_rules.announce_inert_keys). None today.
+ENGINES_NOT_BUILT: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class CudaOnlyEngine:
+    """An engine of one GPU per rank that runs only on CUDA and where its package is installed."""
+
+    label: str  # its name in messages
+    package: str  # the module that must be importable
+    install: str  # how to install it
+
+
+# Elsewhere their names resolve as auto (announced the same way), so that a verl script naming them runs anywhere.
+CUDA_ONLY_ENGINES = {
+    "sglang": CudaOnlyEngine("SGLang", "sglang", "pip install sglang"),
+    "trtllm": CudaOnlyEngine("TensorRT-LLM", "tensorrt_llm",
+                             "pip install tensorrt_llm --extra-index-url https://pypi.nvidia.com (its PyPI package "
+                             "alone is a stub)"),
+}
 
 
 def engine_unavailable(name: str, device: str) -> str | None:
@@ -293,12 +309,45 @@ def engine_unavailable(name: str, device: str) -> str | None:
     engine off CUDA or without its package --, or None when it can (or is not one of those)."""
     if name in ENGINES_NOT_BUILT and name not in _ROLLOUT_REGISTRY:
         return f"Quiver has no {ENGINES_NOT_BUILT[name]} engine"
-    if name in CUDA_ONLY_ENGINES:
+    engine = CUDA_ONLY_ENGINES.get(name)
+    if engine is not None:
         if device != "cuda":
-            return f"the {CUDA_ONLY_ENGINES[name]} engine runs on CUDA only (device is {device})"
-        if importlib.util.find_spec(name) is None:
-            return f"{CUDA_ONLY_ENGINES[name]} is not installed (pip install {name})"
+            return f"the {engine.label} engine runs on CUDA only (device is {device})"
+        if importlib.util.find_spec(engine.package) is None:
+            return f"{engine.label} is not installed ({engine.install})"
     return None
+
+
+def cuda_only_engine_refusal(name: str, device: str, tensor_parallel, prefix: str,
+                             n_ranks: int | None = None) -> str | None:
+    """Why a CUDA_ONLY_ENGINES engine cannot be built on `device` with `rollout.tensor_model_parallel_size`: it runs
+    on CUDA only, and one single-GPU engine per rank, which receives that rank's weights (no tensor parallelism)."""
+    label = CUDA_ONLY_ENGINES[name].label
+    if device != "cuda":
+        return (f"{prefix}.name={name} runs on CUDA GPUs only (device is {device}); the engines that run on CPU are "
+                f"{prefix}.name=hf and {prefix}.name=vllm (vLLM's CPU build)")
+    if tensor_parallel != 1:
+        ranks = f" ({n_ranks} here)" if n_ranks else ""
+        return (f"{prefix}.tensor_model_parallel_size={tensor_parallel}: Quiver's {label} engine runs one single-GPU "
+                f"engine on each rank{ranks}, without tensor parallelism; set it to 1, or use {prefix}.name=vllm "
+                "for tensor-parallel rollout")
+    return None
+
+
+def cuda_only_engine_problems(name: str, rollout, device: str, n_ranks: int, prefix: str) -> list[str]:
+    """What stops the CUDA_ONLY_ENGINES engine `name` from running this rollout config on `device` and `n_ranks`
+    ranks, as messages naming the keys."""
+    engine = CUDA_ONLY_ENGINES[name]
+    tensor_parallel = config_value(rollout, "tensor_model_parallel_size")
+    refusals = (cuda_only_engine_refusal(name, device, 1, prefix),  # each of the two reasons on its own
+                cuda_only_engine_refusal(name, "cuda", tensor_parallel, prefix, n_ranks))
+    problems = [refusal for refusal in refusals if refusal]
+    if importlib.util.find_spec(engine.package) is None:
+        problems.append(f"{prefix}.name={name} needs {engine.label}, on a CUDA machine: {engine.install}")
+    if uses_agent_loop(rollout) and rollout.get("entropy_mode") == "exact":
+        problems.append(f"{prefix}.entropy_mode=exact needs full-vocabulary entropies, which {engine.label} does not "
+                        f"compute; use entropy_mode=topk (ARPO's estimate) or {prefix}.name=hf")
+    return problems
 
 
 def resolve_rollout_name(name: str, device: str, actor_parameters: int | None = None,

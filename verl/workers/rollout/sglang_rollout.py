@@ -44,12 +44,13 @@ from verl.workers.rollout.base import (
     SamplingParams,
     check_prompts_not_empty,
     config_value,
+    cuda_only_engine_problems,
+    cuda_only_engine_refusal,
     engine_extra_kwargs,
     engine_load_format,
     engine_max_model_len,
     params_per_prompt,
     register_rollout,
-    uses_agent_loop,
 )
 from verl.workers.rollout.vllm_rollout import entropy_from_top_log_probs
 
@@ -61,36 +62,10 @@ _RELEASED_TAGS = ("weights", "kv_cache", "cuda_graph")
 _PREFIX = "actor_rollout_ref.rollout"
 
 
-def _device_problem(device: str, prefix: str) -> str | None:
-    if device == "cuda":
-        return None
-    return (f"{prefix}.name=sglang runs on CUDA GPUs only (device is {device}); the engines that run on CPU are "
-            f"{prefix}.name=hf and {prefix}.name=vllm (vLLM's CPU build)")
-
-
-def _tensor_parallel_problem(tp, prefix: str, n_ranks: int | None = None) -> str | None:
-    if tp == 1:
-        return None
-    ranks = f" ({n_ranks} here)" if n_ranks else ""
-    return (f"{prefix}.tensor_model_parallel_size={tp}: Quiver's SGLang engine runs one single-GPU engine on each "
-            f"rank{ranks}, without tensor parallelism; set it to 1, or use {prefix}.name=vllm for tensor-parallel "
-            "rollout")
-
-
 def config_problems(rollout, device: str, n_ranks: int, prefix: str) -> list[str]:
     """What stops `rollout.name=sglang` from running with this rollout config on `device` ("cpu" or "cuda") and
     `n_ranks` ranks, as messages naming the keys."""
-    import importlib.util
-
-    problems = [p for p in (_device_problem(device, prefix),
-                            _tensor_parallel_problem(config_value(rollout, "tensor_model_parallel_size"), prefix,
-                                                     n_ranks)) if p]
-    if importlib.util.find_spec("sglang") is None:
-        problems.append(f"{prefix}.name=sglang needs SGLang: pip install sglang (on a CUDA machine)")
-    if uses_agent_loop(rollout) and rollout.get("entropy_mode") == "exact":
-        problems.append(f"{prefix}.entropy_mode=exact needs full-vocabulary entropies, which SGLang does not "
-                        f"compute; use entropy_mode=topk (ARPO's estimate) or {prefix}.name=hf")
-    return problems
+    return cuda_only_engine_problems("sglang", rollout, device, n_ranks, prefix)
 
 
 def _check(result, what: str) -> None:
@@ -123,8 +98,8 @@ class SGLangRollout(RolloutEngine):
         weights_follow: bool = False,
     ):
         self.device = torch.device(device)
-        problem = (_device_problem(self.device.type, _PREFIX)
-                   or _tensor_parallel_problem(config_value(config, "tensor_model_parallel_size"), _PREFIX))
+        problem = cuda_only_engine_refusal("sglang", self.device.type,
+                                           config_value(config, "tensor_model_parallel_size"), _PREFIX)
         if problem:
             raise ValueError(problem)
         from sglang.srt.entrypoints.engine import Engine
