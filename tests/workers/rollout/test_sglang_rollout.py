@@ -113,54 +113,44 @@ def sgl(sgl_alone, monkeypatch):
     return sgl_alone
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A config.json is all the engine reads itself (the model's positions)."""
-    from transformers import Qwen2Config
-
-    path = tmp_path_factory.mktemp("qwen2_config")
-    Qwen2Config(max_position_embeddings=128).save_pretrained(path)
-    return str(path)
-
-
-def engine(sgl, model_dir, device="cuda:0", **config):
-    return sgl.SGLangRollout(model_dir, OmegaConf.create(config), device=device)
+def engine(sgl, engine_config_dir, device="cuda:0", **config):
+    return sgl.SGLangRollout(engine_config_dir, OmegaConf.create(config), device=device)
 
 
 def test_registered_as_sglang(sgl):
     assert get_rollout_cls("sglang") is sgl.SGLangRollout
 
 
-def test_engine_arguments_from_the_rollout_config(sgl, model_dir):
-    rollout = sgl.SGLangRollout(model_dir, OmegaConf.create({
+def test_engine_arguments_from_the_rollout_config(sgl, engine_config_dir):
+    rollout = sgl.SGLangRollout(engine_config_dir, OmegaConf.create({
         "gpu_memory_utilization": 0.3, "dtype": "float16", "prompt_length": 40, "response_length": 24,
         "engine_kwargs": {"sglang": {"disable_cuda_graph": True, "log_level": "warning"}},
     }), device="cuda:1", seed=7, load_format="dummy", tokenizer_path="/tok", hf_overrides={"rope_theta": 5.0})
     assert rollout.engine.kwargs == {
-        "model_path": model_dir, "tokenizer_path": "/tok", "trust_remote_code": False, "dtype": "float16",
+        "model_path": engine_config_dir, "tokenizer_path": "/tok", "trust_remote_code": False, "dtype": "float16",
         "load_format": "dummy", "random_seed": 7, "tp_size": 1, "mem_fraction_static": 0.3, "context_length": 64,
         "base_gpu_id": 1, "enable_memory_saver": True, "enable_weights_cpu_backup": True,
         "json_model_override_args": '{"rope_theta": 5.0}', "disable_cuda_graph": True, "log_level": "warning",
     }
 
 
-def test_context_length_is_max_model_len_or_prompt_plus_response_within_the_models_positions(sgl, model_dir):
-    assert engine(sgl, model_dir, max_model_len=80).engine.kwargs["context_length"] == 80
-    assert engine(sgl, model_dir, prompt_length=100, response_length=100).engine.kwargs["context_length"] == 128
+def test_context_length_is_max_model_len_or_prompt_plus_response_within_the_models_positions(sgl, engine_config_dir):
+    assert engine(sgl, engine_config_dir, max_model_len=80).engine.kwargs["context_length"] == 80
+    assert engine(sgl, engine_config_dir, prompt_length=100, response_length=100).engine.kwargs["context_length"] == 128
 
 
 @pytest.mark.parametrize("weights_follow", [True, False])
-def test_build_loads_placeholders_only_when_weights_follow(sgl, model_dir, weights_follow):
-    rollout = sgl.SGLangRollout.build(model_path=model_dir, tokenizer=None, config=OmegaConf.create({}), device="cuda:0",
+def test_build_loads_placeholders_only_when_weights_follow(sgl, engine_config_dir, weights_follow):
+    rollout = sgl.SGLangRollout.build(model_path=engine_config_dir, tokenizer=None, config=OmegaConf.create({}), device="cuda:0",
                                   seed=None, load_module=None, weights_follow=weights_follow)
     kwargs = rollout.engine.kwargs
     assert kwargs["load_format"] == ("dummy" if weights_follow else "auto")  # the shipped load_format is dummy
-    assert kwargs["tokenizer_path"] == model_dir and kwargs["random_seed"] == 0
+    assert kwargs["tokenizer_path"] == engine_config_dir and kwargs["random_seed"] == 0
     assert kwargs.get("enable_weights_cpu_backup", False) is not weights_follow
 
 
-def test_n_completions_per_prompt_in_order_with_surprisal_entropies(sgl, model_dir):
-    rollout = engine(sgl, model_dir)
+def test_n_completions_per_prompt_in_order_with_surprisal_entropies(sgl, engine_config_dir):
+    rollout = engine(sgl, engine_config_dir)
     out = rollout.generate([[5, 6], [20]], SamplingParams(n=2, max_tokens=3))
     (_, input_ids, sent, top_k), = rollout.engine.calls
     assert input_ids == [[5, 6], [5, 6], [20], [20]] and top_k == [0, 0, 0, 0]
@@ -172,8 +162,8 @@ def test_n_completions_per_prompt_in_order_with_surprisal_entropies(sgl, model_d
     assert (first.finish_reason, first.stop_reason, first.top_log_probs) == ("length", None, None)
 
 
-def test_top_log_probs_give_the_top_k_entropy_estimate(sgl, model_dir):
-    rollout = engine(sgl, model_dir)
+def test_top_log_probs_give_the_top_k_entropy_estimate(sgl, engine_config_dir):
+    rollout = engine(sgl, engine_config_dir)
     (completion,), = rollout.generate([[5]], SamplingParams(max_tokens=2, logprobs=2))
     assert rollout.engine.calls[0][3] == [2]
     # Step 0: the sampled token is the top one. Step 1: it is not, and comes last.
@@ -183,8 +173,8 @@ def test_top_log_probs_give_the_top_k_entropy_estimate(sgl, model_dir):
     assert sgl._top_log_probs(None, 5, -1.5) == [-1.5]  # a position SGLang gave no top log-probs for
 
 
-def test_finish_and_stop_reasons(sgl, model_dir):
-    rollout = engine(sgl, model_dir)
+def test_finish_and_stop_reasons(sgl, engine_config_dir):
+    rollout = engine(sgl, engine_config_dir)
     out = rollout.generate([[5], [5], [97], [5]], [
         SamplingParams(max_tokens=8, stop_token_ids=[8]),
         SamplingParams(max_tokens=8, stop=["<7>"], include_stop_str_in_output=True),
@@ -197,8 +187,8 @@ def test_finish_and_stop_reasons(sgl, model_dir):
     assert rollout.engine.calls[0][2][1]["no_stop_trim"] is True
 
 
-def test_per_prompt_params_and_the_greedy_mapping(sgl, model_dir):
-    rollout = engine(sgl, model_dir, ignore_eos=True)
+def test_per_prompt_params_and_the_greedy_mapping(sgl, engine_config_dir):
+    rollout = engine(sgl, engine_config_dir, ignore_eos=True)
     out = rollout.generate([[97], [97], [97], [97]], [
         SamplingParams(max_tokens=5, temperature=0.7, top_p=0.9, top_k=5),
         SamplingParams(max_tokens=2, temperature=0.0, top_p=0.5, top_k=5),
@@ -212,14 +202,14 @@ def test_per_prompt_params_and_the_greedy_mapping(sgl, model_dir):
     assert [c.token_ids for (c,) in out] == [[98, 99, 100, 101, 102], [98, 99], [98], [98]]  # EOS ignored
 
 
-def test_an_aborted_request_raises(sgl, model_dir):
+def test_an_aborted_request_raises(sgl, engine_config_dir):
     with pytest.raises(RuntimeError, match="finish_reason=.*abort.*scheduler out of memory"):
-        engine(sgl, model_dir).generate([[5], [0, 3]], SamplingParams(max_tokens=2))
+        engine(sgl, engine_config_dir).generate([[5], [0, 3]], SamplingParams(max_tokens=2))
 
 
-def test_an_empty_prompt_is_refused(sgl, model_dir):
+def test_an_empty_prompt_is_refused(sgl, engine_config_dir):
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        engine(sgl, model_dir).generate([[5], []], SamplingParams())
+        engine(sgl, engine_config_dir).generate([[5], []], SamplingParams())
 
 
 class Sharded:
@@ -232,9 +222,9 @@ class Sharded:
         return self.full
 
 
-def test_update_weights_streams_every_tensor_in_buckets_and_sets_the_checksum(sgl, model_dir, monkeypatch):
+def test_update_weights_streams_every_tensor_in_buckets_and_sets_the_checksum(sgl, engine_config_dir, monkeypatch):
     monkeypatch.setattr(sgl, "BUCKET_BYTES", 16)
-    rollout = engine(sgl, model_dir, free_cache_engine=False)
+    rollout = engine(sgl, engine_config_dir, free_cache_engine=False)
     assert math.isnan(rollout.weights_checksum())
     tensors = (item for item in [("a", torch.ones(2)), ("b", Sharded(torch.full((3,), 2.0))), ("c", torch.ones(1))])
     rollout.update_weights(tensors)  # a one-pass generator
@@ -243,16 +233,16 @@ def test_update_weights_streams_every_tensor_in_buckets_and_sets_the_checksum(sg
     assert rollout.weights_checksum() == 9.0
 
 
-def test_a_failed_push_raises_and_closes_the_update_session(sgl, model_dir):
-    rollout = engine(sgl, model_dir)
+def test_a_failed_push_raises_and_closes_the_update_session(sgl, engine_config_dir):
+    rollout = engine(sgl, engine_config_dir)
     rollout.engine.push_result = (False, "shape mismatch for lm_head.weight")
     with pytest.raises(RuntimeError, match="update_weights_from_tensor failed: shape mismatch"):
         rollout.update_weights([("lm_head.weight", torch.ones(2))])
     assert rollout.engine.calls[-1] == ("end",)
 
 
-def test_sleep_releases_and_the_push_restores_the_weights_that_follow(sgl, model_dir):
-    rollout = sgl.SGLangRollout(model_dir, OmegaConf.create({}), device="cuda:0", weights_follow=True)
+def test_sleep_releases_and_the_push_restores_the_weights_that_follow(sgl, engine_config_dir):
+    rollout = sgl.SGLangRollout(engine_config_dir, OmegaConf.create({}), device="cuda:0", weights_follow=True)
     rollout.sleep()
     rollout.sleep()  # already asleep: nothing more
     assert rollout.weights_released
@@ -270,8 +260,8 @@ def test_sleep_releases_and_the_push_restores_the_weights_that_follow(sgl, model
     assert not rollout.weights_released
 
 
-def test_wake_up_restores_backed_up_weights_when_no_push_follows(sgl, model_dir):
-    rollout = engine(sgl, model_dir)
+def test_wake_up_restores_backed_up_weights_when_no_push_follows(sgl, engine_config_dir):
+    rollout = engine(sgl, engine_config_dir)
     rollout.sleep()
     assert not rollout.weights_released
     rollout.wake_up()
@@ -279,21 +269,21 @@ def test_wake_up_restores_backed_up_weights_when_no_push_follows(sgl, model_dir)
                                     ("resume", ["weights", "kv_cache", "cuda_graph"])]
 
 
-def test_without_free_cache_engine_sleep_keeps_everything(sgl, model_dir):
-    rollout = engine(sgl, model_dir, free_cache_engine=False)
+def test_without_free_cache_engine_sleep_keeps_everything(sgl, engine_config_dir):
+    rollout = engine(sgl, engine_config_dir, free_cache_engine=False)
     rollout.sleep()
     rollout.wake_up()
     assert rollout.engine.calls == [] and rollout.engine.kwargs["enable_memory_saver"] is False
 
 
-def test_cpu_and_tensor_parallelism_are_refused_before_sglang_is_imported(sgl_alone, model_dir):
+def test_cpu_and_tensor_parallelism_are_refused_before_sglang_is_imported(sgl_alone, engine_config_dir):
     sgl = sgl_alone
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.name=sglang runs on CUDA GPUs only.*name=hf "
                                          r"and .*name=vllm"):
-        engine(sgl, model_dir, device="cpu")
+        engine(sgl, engine_config_dir, device="cpu")
     with pytest.raises(ValueError, match=r"tensor_model_parallel_size=2: .*one single-GPU engine on each rank.*"
                                          r"name=vllm"):
-        engine(sgl, model_dir, tensor_model_parallel_size=2)
+        engine(sgl, engine_config_dir, tensor_model_parallel_size=2)
 
 
 def test_config_problems(sgl, monkeypatch):

@@ -170,32 +170,22 @@ def trt(trt_alone, monkeypatch):
     return trt_alone
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A config.json is all the engine reads itself (the model's positions)."""
-    from transformers import Qwen2Config
-
-    path = tmp_path_factory.mktemp("qwen2_config")
-    Qwen2Config(max_position_embeddings=128).save_pretrained(path)
-    return str(path)
-
-
-def engine(trt, model_dir, device="cuda:0", **config):
-    return trt.TRTLLMRollout(model_dir, OmegaConf.create(config), device=device)
+def engine(trt, engine_config_dir, device="cuda:0", **config):
+    return trt.TRTLLMRollout(engine_config_dir, OmegaConf.create(config), device=device)
 
 
 def test_registered_as_trtllm(trt):
     assert get_rollout_cls("trtllm") is trt.TRTLLMRollout
 
 
-def test_engine_arguments_from_the_rollout_config(trt, model_dir):
-    rollout = trt.TRTLLMRollout(model_dir, OmegaConf.create({
+def test_engine_arguments_from_the_rollout_config(trt, engine_config_dir):
+    rollout = trt.TRTLLMRollout(engine_config_dir, OmegaConf.create({
         "gpu_memory_utilization": 0.3, "dtype": "float16", "prompt_length": 40, "response_length": 24,
         "max_num_seqs": 64, "max_num_batched_tokens": 4096, "enable_prefix_caching": False, "enforce_eager": False,
         "engine_kwargs": {"trtllm": {"attn_backend": "FLASHINFER"}},
     }), device="cuda:1", load_format="dummy", tokenizer_path="/tok")
     assert rollout.llm.kwargs == {
-        "model": model_dir, "tokenizer": "/tok", "trust_remote_code": False, "dtype": "float16",
+        "model": engine_config_dir, "tokenizer": "/tok", "trust_remote_code": False, "dtype": "float16",
         "tensor_parallel_size": 1, "load_format": "dummy", "max_seq_len": 64, "max_batch_size": 64,
         "max_num_tokens": 4096, "kv_cache_config": KvCacheConfig(0.3, False), "orchestrator_type": "ray",
         "ray_worker_extension_cls": "tensorrt_llm.llmapi.rlhf_utils.WorkerExtension", "enable_sleep": True,
@@ -203,9 +193,9 @@ def test_engine_arguments_from_the_rollout_config(trt, model_dir):
     }
 
 
-def test_shipped_defaults_run_eagerly_with_the_sleep_config_of_newer_releases(trt, model_dir, monkeypatch):
+def test_shipped_defaults_run_eagerly_with_the_sleep_config_of_newer_releases(trt, engine_config_dir, monkeypatch):
     monkeypatch.setattr(TorchLlmArgs, "model_fields", {"sleep_config": None})
-    kwargs = engine(trt, model_dir, prompt_length=100, response_length=100).llm.kwargs
+    kwargs = engine(trt, engine_config_dir, prompt_length=100, response_length=100).llm.kwargs
     assert kwargs["cuda_graph_config"] is None  # rollout.enforce_eager=true
     assert isinstance(kwargs["sleep_config"], SleepConfig) and "enable_sleep" not in kwargs
     assert kwargs["max_seq_len"] == 128  # prompt + response, within the model's positions
@@ -213,14 +203,14 @@ def test_shipped_defaults_run_eagerly_with_the_sleep_config_of_newer_releases(tr
 
 
 @pytest.mark.parametrize("weights_follow", [True, False])
-def test_build_loads_placeholders_only_when_weights_follow(trt, model_dir, weights_follow):
-    rollout = trt.TRTLLMRollout.build(model_path=model_dir, tokenizer=None, config=OmegaConf.create({}),
+def test_build_loads_placeholders_only_when_weights_follow(trt, engine_config_dir, weights_follow):
+    rollout = trt.TRTLLMRollout.build(model_path=engine_config_dir, tokenizer=None, config=OmegaConf.create({}),
                                       device="cuda:0", seed=3, load_module=None, weights_follow=weights_follow)
     assert rollout.llm.kwargs["load_format"] == ("dummy" if weights_follow else "auto")  # the shipped one is dummy
-    assert rollout.llm.kwargs["tokenizer"] == model_dir
+    assert rollout.llm.kwargs["tokenizer"] == engine_config_dir
 
 
-def test_inside_a_worker_group_the_engine_shares_the_ranks_bundle(trt, model_dir, monkeypatch):
+def test_inside_a_worker_group_the_engine_shares_the_ranks_bundle(trt, engine_config_dir, monkeypatch):
     import ray
 
     share = {"GPU": 0.5}
@@ -229,15 +219,15 @@ def test_inside_a_worker_group_the_engine_shares_the_ranks_bundle(trt, model_dir
     monkeypatch.setattr(ray, "get_runtime_context",
                         lambda: SimpleNamespace(get_assigned_resources=lambda: share))
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert engine(trt, model_dir).llm.kwargs["ray_placement_config"] == RayPlacementConfig(["pg"], [[1]], 0.5)
+    assert engine(trt, engine_config_dir).llm.kwargs["ray_placement_config"] == RayPlacementConfig(["pg"], [[1]], 0.5)
     share["GPU"] = 1.0  # the worker holds the whole GPU: TensorRT-LLM's actor could not join it
     with pytest.raises(ValueError, match=r"holds 1 of its placement-group bundle's GPU.*one more process per rank "
                                          r"\(max_colocate_count\)"):
-        engine(trt, model_dir)
+        engine(trt, engine_config_dir)
 
 
-def test_n_completions_per_prompt_in_order_with_surprisal_entropies(trt, model_dir):
-    rollout = engine(trt, model_dir)
+def test_n_completions_per_prompt_in_order_with_surprisal_entropies(trt, engine_config_dir):
+    rollout = engine(trt, engine_config_dir)
     out = rollout.generate([[5, 6], [20]], SamplingParams(n=2, max_tokens=3))
     (_, inputs, sent), = rollout.llm.calls
     assert inputs == [[5, 6], [5, 6], [20], [20]]
@@ -250,8 +240,8 @@ def test_n_completions_per_prompt_in_order_with_surprisal_entropies(trt, model_d
     assert (first.finish_reason, first.stop_reason, first.top_log_probs) == ("length", None, None)
 
 
-def test_top_log_probs_give_the_top_k_entropy_estimate(trt, model_dir):
-    rollout = engine(trt, model_dir)
+def test_top_log_probs_give_the_top_k_entropy_estimate(trt, engine_config_dir):
+    rollout = engine(trt, engine_config_dir)
     (completion,), = rollout.generate([[5]], SamplingParams(max_tokens=2, logprobs=2))
     assert rollout.llm.calls[0][2][0].logprobs == 2
     # Step 0: the sampled token is the top one. Step 1: it is not, and comes last.
@@ -260,8 +250,8 @@ def test_top_log_probs_give_the_top_k_entropy_estimate(trt, model_dir):
     assert completion.entropies == pytest.approx([math.log(2), 1.375 * math.log(2)])
 
 
-def test_finish_and_stop_reasons(trt, model_dir):
-    rollout = engine(trt, model_dir)
+def test_finish_and_stop_reasons(trt, engine_config_dir):
+    rollout = engine(trt, engine_config_dir)
     out = rollout.generate([[5], [5], [97], [5]], [
         SamplingParams(max_tokens=8, stop_token_ids=[8]),
         SamplingParams(max_tokens=8, stop=["<7>"]),
@@ -274,8 +264,8 @@ def test_finish_and_stop_reasons(trt, model_dir):
                    ([6, 7], "length", None)]
 
 
-def test_per_prompt_params_and_the_greedy_mapping(trt, model_dir):
-    rollout = engine(trt, model_dir, ignore_eos=True)
+def test_per_prompt_params_and_the_greedy_mapping(trt, engine_config_dir):
+    rollout = engine(trt, engine_config_dir, ignore_eos=True)
     out = rollout.generate([[97], [97], [97], [97]], [
         SamplingParams(max_tokens=5, temperature=0.7, top_p=0.9, top_k=5),
         SamplingParams(max_tokens=2, temperature=0.0, top_p=0.5, top_k=5),
@@ -290,19 +280,19 @@ def test_per_prompt_params_and_the_greedy_mapping(trt, model_dir):
     assert [c.token_ids for (c,) in out] == [[98, 99, 100, 101, 102], [98, 99], [98], [98]]  # EOS ignored
 
 
-def test_a_cancelled_request_raises(trt, model_dir):
+def test_a_cancelled_request_raises(trt, engine_config_dir):
     with pytest.raises(RuntimeError, match="finish_reason='cancelled'"):
-        engine(trt, model_dir).generate([[5], [0, 3]], SamplingParams(max_tokens=2))
+        engine(trt, engine_config_dir).generate([[5], [0, 3]], SamplingParams(max_tokens=2))
 
 
-def test_an_empty_prompt_is_refused(trt, model_dir):
+def test_an_empty_prompt_is_refused(trt, engine_config_dir):
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        engine(trt, model_dir).generate([[5], []], SamplingParams())
+        engine(trt, engine_config_dir).generate([[5], []], SamplingParams())
 
 
-def test_update_weights_reaches_the_workers_in_buckets_and_sets_the_checksum(trt, model_dir, monkeypatch):
+def test_update_weights_reaches_the_workers_in_buckets_and_sets_the_checksum(trt, engine_config_dir, monkeypatch):
     monkeypatch.setattr(trt, "BUCKET_BYTES", 16)
-    rollout = engine(trt, model_dir)
+    rollout = engine(trt, engine_config_dir)
     rollout.device = torch.device("cpu")  # no GPU here: the handles are those of host tensors
     assert math.isnan(rollout.weights_checksum())
     tensors = (item for item in [("a", torch.ones(2)), ("b", Sharded(torch.full((3,), 2.0))), ("c", torch.ones(1))])
@@ -315,8 +305,8 @@ def test_update_weights_reaches_the_workers_in_buckets_and_sets_the_checksum(trt
     assert rollout.weights_checksum() == sum(float(t.sum()) for t in loaded.values()) == 9.0
 
 
-def test_sleep_releases_the_kv_cache_and_wake_up_drops_the_prefix_cache(trt, model_dir):
-    rollout = engine(trt, model_dir)
+def test_sleep_releases_the_kv_cache_and_wake_up_drops_the_prefix_cache(trt, engine_config_dir):
+    rollout = engine(trt, engine_config_dir)
     rollout.sleep()
     rollout.sleep()  # already asleep: nothing more
     rollout.wake_up()
@@ -324,33 +314,33 @@ def test_sleep_releases_the_kv_cache_and_wake_up_drops_the_prefix_cache(trt, mod
     assert rollout.llm.calls == [("sleep", ["kv_cache"]), ("wakeup", ["kv_cache"]), ("reset_prefix_cache",)]
 
 
-def test_without_free_cache_engine_sleep_keeps_everything(trt, model_dir):
-    rollout = engine(trt, model_dir, free_cache_engine=False)
+def test_without_free_cache_engine_sleep_keeps_everything(trt, engine_config_dir):
+    rollout = engine(trt, engine_config_dir, free_cache_engine=False)
     rollout.sleep()
     rollout.wake_up()
     assert rollout.llm.calls == [] and "enable_sleep" not in rollout.llm.kwargs
 
 
-def test_a_tensorrt_llm_without_logprobs_mode_is_refused(trt, model_dir, monkeypatch):
+def test_a_tensorrt_llm_without_logprobs_mode_is_refused(trt, engine_config_dir, monkeypatch):
     @dataclasses.dataclass(kw_only=True)
     class OldSamplingParams:
         logprobs: int | None = None
 
     monkeypatch.setattr(sys.modules["tensorrt_llm"], "SamplingParams", OldSamplingParams)
     with pytest.raises(ValueError, match="no SamplingParams.logprobs_mode"):
-        engine(trt, model_dir)
+        engine(trt, engine_config_dir)
 
 
-def test_cpu_tensor_parallelism_and_overrides_are_refused_before_tensorrt_llm_is_imported(trt_alone, model_dir):
+def test_cpu_tensor_parallelism_and_overrides_are_refused_before_tensorrt_llm_is_imported(trt_alone, engine_config_dir):
     trt = trt_alone
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.name=trtllm runs on CUDA GPUs only.*name=hf "
                                          r"and .*name=vllm"):
-        engine(trt, model_dir, device="cpu")
+        engine(trt, engine_config_dir, device="cpu")
     with pytest.raises(ValueError, match=r"tensor_model_parallel_size=2: .*one single-GPU engine on each rank.*"
                                          r"name=vllm"):
-        engine(trt, model_dir, tensor_model_parallel_size=2)
+        engine(trt, engine_config_dir, tensor_model_parallel_size=2)
     with pytest.raises(ValueError, match=r"override_config=\{'rope_theta': 5.0\}: .*takes no config overrides"):
-        trt.TRTLLMRollout(model_dir, OmegaConf.create({}), device="cuda:0", hf_overrides={"rope_theta": 5.0})
+        trt.TRTLLMRollout(engine_config_dir, OmegaConf.create({}), device="cuda:0", hf_overrides={"rope_theta": 5.0})
 
 
 def test_config_problems(trt, monkeypatch):
