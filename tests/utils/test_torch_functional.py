@@ -45,3 +45,25 @@ def test_sum_pi_squared_by_hand_and_in_chunks():
     torch.testing.assert_close(sum_pi_squared, expected)
     torch.testing.assert_close(entropy, entropy_from_logits(logits / 0.7))
     torch.testing.assert_close(log_prob, logprobs_from_logits(logits / 0.7, labels))
+
+
+def test_tensor_checksum_is_the_sum_and_the_same_bits_whatever_the_threads():
+    from verl.utils.torch_functional import tensor_checksum
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(3000, 896, generator=generator)
+    exact = float(weight.sum(dtype=torch.float64))
+    assert float(tensor_checksum(weight)) == pytest.approx(exact, rel=1e-6, abs=1e-3)
+    assert tensor_checksum(weight).dtype == torch.float64
+    threads = torch.get_num_threads()
+    try:
+        sums = set()
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            sums.add(float(tensor_checksum(weight)))
+        assert len(sums) == 1  # one row per thread: the thread count does not change the bits
+    finally:
+        torch.set_num_threads(threads)
+    assert float(tensor_checksum(torch.tensor(2.5))) == 2.5
+    assert float(tensor_checksum(torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.bfloat16))) == 10.0
+    assert float(tensor_checksum(weight.reshape(-1))) == pytest.approx(exact, rel=1e-6, abs=1e-3)  # one long row

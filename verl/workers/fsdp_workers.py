@@ -30,6 +30,7 @@ from verl.utils.import_utils import import_external_libs
 from verl.utils.lora import apply_lora, load_lora_adapter, lora_scaling, lora_settings, merge_lora_items
 from verl.utils.packing import uses_varlen_attention
 from verl.utils.run_plan import RunPlan
+from verl.utils.torch_functional import tensor_checksum
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 from verl.workers.rollout.agent_loop import build_agent_loop
@@ -523,7 +524,7 @@ class ActorRolloutRefWorker(Worker):
         """Sums of the actor's and the rollout engine's weights (used by tests to see updates and syncs). An engine
         that freed its weights while the actor trained gets them pushed first, as its next generation would."""
         self._ensure_rollout_weights()
-        actor = sum(float(t.double().sum()) for _, t in full_state_dict_items(self.actor_module))
+        actor = sum(float(tensor_checksum(t)) for _, t in full_state_dict_items(self.actor_module))
         return {"actor": actor, "rollout": self.rollout.weights_checksum()}
 
 
@@ -625,4 +626,4 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def weight_fingerprint(self) -> dict[str, float]:
         """The sum of the critic's weights (used by tests to see updates)."""
-        return {"critic": sum(float(t.double().sum()) for _, t in full_state_dict_items(self.critic_module))}
+        return {"critic": sum(float(tensor_checksum(t)) for _, t in full_state_dict_items(self.critic_module))}

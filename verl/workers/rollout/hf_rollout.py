@@ -42,6 +42,7 @@ from verl.utils.torch_functional import (
     entropy_from_logits,
     logprobs_from_logits,
     pad_2d_list_to_tensor,
+    tensor_checksum,
 )
 from verl.workers.rollout.base import (
     CompletionOutput,
@@ -424,7 +425,7 @@ class HFRollout(RolloutEngine):
     def weights_checksum(self) -> float:
         if self.weights_released:
             return float("nan")
-        return sum(float(t.sum(dtype=torch.float64)) for t in self.module.state_dict().values())
+        return sum(float(tensor_checksum(t)) for t in self.module.state_dict().values())
 
     def sleep(self) -> None:
         """While the actor trains. When the actor pushes its full weights after every update (`weights_follow`), free

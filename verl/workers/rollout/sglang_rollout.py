@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from verl.utils.torch_functional import tensor_checksum
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
@@ -227,7 +228,7 @@ class SGLangRollout(RolloutEngine):
                 if hasattr(tensor, "full_tensor"):
                     tensor = tensor.full_tensor()
                 tensor = tensor.detach()
-                checksum += float(tensor.sum(dtype=torch.float64))
+                checksum += float(tensor_checksum(tensor))
                 nbytes = tensor.numel() * tensor.element_size()
                 if bucket and size + nbytes > BUCKET_BYTES:
                     _check(self.engine.update_weights_from_tensor(bucket, flush_cache=False),

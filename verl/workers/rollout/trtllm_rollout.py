@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from verl.utils.torch_functional import tensor_checksum
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
@@ -280,7 +281,7 @@ class TRTLLMRollout(RolloutEngine):
             if hasattr(tensor, "full_tensor"):
                 tensor = tensor.full_tensor()
             tensor = tensor.detach().to(self.device).contiguous()
-            checksum += float(tensor.sum(dtype=torch.float64))
+            checksum += float(tensor_checksum(tensor))
             nbytes = tensor.numel() * tensor.element_size()
             if bucket and size + nbytes > BUCKET_BYTES:
                 send(bucket)

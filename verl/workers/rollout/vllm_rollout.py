@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from verl.utils.torch_functional import tensor_checksum
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
@@ -449,7 +450,7 @@ class VLLMRollout(RolloutEngine):
                 if hasattr(tensor, "full_tensor"):
                     tensor = tensor.full_tensor()
                 tensor = tensor.to(self.device)
-                checksum += tensor.detach().sum(dtype=torch.float64)  # no float64 copy of the tensor
+                checksum += tensor_checksum(tensor)
                 yield name, tensor
 
         self.llm.collective_rpc(_load_weights(tensors()))
