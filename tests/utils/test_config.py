@@ -411,6 +411,17 @@ def test_an_engine_that_cannot_run_here_runs_on_autos_choice_and_says_so(capsys,
                             if name == "sglang" else real_find_spec(name, *a))
         assert resolve_rollout_name("sglang", "cuda") == ("sglang" if installed else resolve_rollout_name("auto",
                                                                                                           "cuda"))
+    # verl's SGLang scripts often ask for tensor parallelism, which Quiver's SGLang engine lacks: auto's engine runs
+    # them (vLLM's tensor-parallel groups where vLLM is installed), with the reason in one line.
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "sglang" else real_find_spec(name, *a))
+    assert resolve_rollout_name("sglang", "cuda", tensor_parallel=2) == resolve_rollout_name("auto", "cuda")
+    tp = load_config(overrides=["actor_rollout_ref.rollout.name=sglang",
+                                "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    announce_inert_keys(tp, "vllm", "cuda")
+    assert ("[config] actor_rollout_ref.rollout.name=sglang: Quiver's SGLang engine runs one single-GPU engine per "
+            "rank, without the tensor parallelism asked for (tensor_model_parallel_size=2); this run uses vllm"
+            in capsys.readouterr().out)
     assert announce_inert_keys(cfg, "sglang", "cuda") == []
     assert "name=sglang" not in capsys.readouterr().out
     monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)

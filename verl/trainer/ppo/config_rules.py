@@ -174,7 +174,8 @@ def check_engine(cfg: DictConfig, problems: list[str]) -> None:
     if rollout.name not in named or cfg.trainer.device not in ("auto", "cpu", "cuda"):
         return
     device = resolve_device("auto") if cfg.trainer.device == "auto" else cfg.trainer.device
-    engine, n_ranks, prefix = resolve_rollout_name(rollout.name, device), world_size(cfg.trainer), "actor_rollout_ref.rollout"
+    engine = resolve_rollout_name(rollout.name, device, tensor_parallel=rollout.tensor_model_parallel_size)
+    n_ranks, prefix = world_size(cfg.trainer), "actor_rollout_ref.rollout"
     if engine == "vllm":
         from verl.workers.rollout.vllm_rollout import config_problems
 
@@ -303,7 +304,7 @@ def announce_inert_keys(cfg: DictConfig, engine: str, device: str = "cpu") -> li
             reason = f"only the {readers} it, and this run's engine is {engine}"
         print(f"[config] {key}={shown} is accepted for verl scripts but does nothing in Quiver: {reason}")
     rollout = cfg.actor_rollout_ref.rollout
-    why = engine_unavailable(rollout.name, device)
+    why = engine_unavailable(rollout.name, device, rollout.tensor_model_parallel_size)
     if why and rollout.name != engine:
         print(f"[config] actor_rollout_ref.rollout.name={rollout.name}: {why}; this run uses {engine}, what "
               "rollout.name=auto picks here")

@@ -207,7 +207,8 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
     dp, critic_dp = ranks // sp, ranks // critic_sp
     engine = resolve_rollout_name(rollout.name, device, actor_parameters,
                                   vllm_problems=lambda: vllm_config_problems(rollout, model.path, device, ranks,
-                                                                             "actor_rollout_ref.rollout"))
+                                                                             "actor_rollout_ref.rollout"),
+                                  tensor_parallel=rollout.tensor_model_parallel_size)
     use_critic = critic_enabled(config)
     actor_update = UpdateBatches(
         actor.ppo_mini_batch_size * n // dp,

@@ -304,9 +304,10 @@ CUDA_ONLY_ENGINES = {
 }
 
 
-def engine_unavailable(name: str, device: str) -> str | None:
+def engine_unavailable(name: str, device: str, tensor_parallel: int = 1) -> str | None:
     """Why the engine `name` cannot run here -- a name of ENGINES_NOT_BUILT no plug-in registered, or a CUDA-only
-    engine off CUDA or without its package --, or None when it can (or is not one of those)."""
+    engine off CUDA, without its package or asked for tensor parallelism (`rollout.tensor_model_parallel_size`),
+    which it lacks --, or None when it can (or is not one of those)."""
     if name in ENGINES_NOT_BUILT and name not in _ROLLOUT_REGISTRY:
         return f"Quiver has no {ENGINES_NOT_BUILT[name]} engine"
     engine = CUDA_ONLY_ENGINES.get(name)
@@ -315,6 +316,9 @@ def engine_unavailable(name: str, device: str) -> str | None:
             return f"the {engine.label} engine runs on CUDA only (device is {device})"
         if importlib.util.find_spec(engine.package) is None:
             return f"{engine.label} is not installed ({engine.install})"
+        if tensor_parallel != 1:
+            return (f"Quiver's {engine.label} engine runs one single-GPU engine per rank, without the tensor "
+                    f"parallelism asked for (tensor_model_parallel_size={tensor_parallel})")
     return None
 
 
@@ -335,8 +339,9 @@ def cuda_only_engine_refusal(name: str, device: str, tensor_parallel, prefix: st
 
 
 def cuda_only_engine_problems(name: str, rollout, device: str, n_ranks: int, prefix: str) -> list[str]:
-    """What stops the CUDA_ONLY_ENGINES engine `name` from running this rollout config on `device` and `n_ranks`
-    ranks, as messages naming the keys."""
+    """What stops the CUDA_ONLY_ENGINES engine `name`, once chosen, from running this rollout config on `device` and
+    `n_ranks` ranks, as messages naming the keys (a name that cannot run here resolves as auto instead: see
+    `engine_unavailable`)."""
     engine = CUDA_ONLY_ENGINES[name]
     tensor_parallel = config_value(rollout, "tensor_model_parallel_size")
     refusals = (cuda_only_engine_refusal(name, device, 1, prefix),  # each of the two reasons on its own
@@ -351,11 +356,12 @@ def cuda_only_engine_problems(name: str, rollout, device: str, n_ranks: int, pre
 
 
 def resolve_rollout_name(name: str, device: str, actor_parameters: int | None = None,
-                         vllm_problems: Callable[[], list[str]] | None = None) -> str:
+                         vllm_problems: Callable[[], list[str]] | None = None, tensor_parallel: int = 1) -> str:
     """`rollout.name=auto`: vLLM where it is installed -- on CUDA, and on CPU for an actor of VLLM_CPU_MIN_PARAMETERS
     or more (`actor_parameters`) that vLLM's CPU build can run (`vllm_problems()` finds nothing) --, otherwise the
-    HF engine. A name that `engine_unavailable` rules out here resolves as auto."""
-    if engine_unavailable(name, device):
+    HF engine. A name that `engine_unavailable` rules out here (with `rollout.tensor_model_parallel_size`) resolves
+    as auto."""
+    if engine_unavailable(name, device, tensor_parallel):
         name = "auto"
     if name != "auto" or importlib.util.find_spec("vllm") is None:
         return "hf" if name == "auto" else name
