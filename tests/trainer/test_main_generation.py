@@ -98,6 +98,19 @@ def test_greedy_with_several_samples_is_an_error_naming_the_keys(tiny_model_dir,
                                            "data.n_samples=1", "rollout.temperature=0")) == 1
 
 
+def test_a_cuda_only_engine_off_cuda_is_an_error_naming_the_key(tiny_model_dir, four_prompts, tmp_path):
+    """Generation runs the engine it is told to (no fallback): SGLang / TensorRT-LLM on a CPU run stop at the check,
+    naming the key, the engines that run there and the missing package."""
+    for name, package in (("sglang", "pip install sglang"), ("trtllm", "pip install tensorrt_llm")):
+        config = _config(tiny_model_dir, four_prompts, tmp_path / "o.parquet", f"rollout.name={name}",
+                         "trainer.device=cpu")
+        with pytest.raises(ConfigError) as err:
+            check_generation_config(config)
+        message = str(err.value)
+        assert f"rollout.name={name} runs on CUDA GPUs only (device is cpu)" in message and "rollout.name=hf" in message
+        assert package in message
+
+
 def test_bad_paths_name_their_keys(tiny_model_dir, four_prompts, tmp_path, capsys):
     code = main([f"model.path={tmp_path / 'no_model'}", f"data.path={tmp_path / 'missing.parquet'}",
                  "custom_reward_function.path=/nope/reward.py"])

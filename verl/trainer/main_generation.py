@@ -50,6 +50,7 @@ from verl.utils.hub import local_model_path
 from verl.utils.import_utils import ExternalLibError, import_external_libs
 from verl.utils.openai_endpoint import EndpointError
 from verl.utils.typed_config import build_section, check_config_types
+from verl.workers.rollout.base import CUDA_ONLY_ENGINES, cuda_only_engine_problems
 
 # "AvgN" as its own token: not preceded by a letter (so "navg8" does not count) and not followed by more digits.
 _AVG_N_TOKEN = re.compile(r"(?<![a-z])avg(\d+)(?!\d)", re.IGNORECASE)
@@ -85,12 +86,15 @@ def check_generation_config(config: DictConfig) -> int:
     problems: list[str] = []
     build_section(GenerationConfig, check_config_types(GenerationConfig, config), problems)
     model, rollout = config.model, config.rollout
+    tp = rollout.tensor_model_parallel_size
+    tp = tp if isinstance(tp, int) and tp > 0 else 1
     if rollout.name == "vllm" and model.path is not None:
         from verl.workers.rollout.vllm_rollout import config_problems
 
-        tp = rollout.tensor_model_parallel_size
-        problems.extend(config_problems(rollout, model.path, resolve_device(config.trainer.device),
-                                        tp if isinstance(tp, int) and tp > 0 else 1, "rollout"))
+        problems.extend(config_problems(rollout, model.path, resolve_device(config.trainer.device), tp, "rollout"))
+    elif rollout.name in CUDA_ONLY_ENGINES:  # generation runs the engine named, so what stops it is an error here
+        problems.extend(cuda_only_engine_problems(rollout.name, rollout, resolve_device(config.trainer.device), tp,
+                                                  "rollout"))
     data = config.data
     n_samples = resolve_n_samples(config)
     origin = (f"data.n_samples={n_samples}" if data.n_samples is not None

@@ -102,7 +102,7 @@ class GenerationRolloutConfig(RolloutConfig):
         super().check(problems)
         p = self.__config_prefix__
         if self.name == "auto":
-            problems.append(f"{p}.name=auto: generation runs one named engine (hf, vllm or openai)")
+            problems.append(f"{p}.name=auto: generation runs one named engine (hf, vllm, sglang, trtllm or openai)")
         if self.name == "openai":
             try:  # the endpoint's own rules (base_url set, positive timeout and concurrency)
                 EndpointConfig.from_dict(vars(self.endpoint), f"{p}.endpoint")
