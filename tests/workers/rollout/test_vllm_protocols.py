@@ -145,3 +145,26 @@ def test_tp_group_leader_failure_reaches_every_rank():
     assert results[0][:2] == ("error", "ValueError: tool exploded")
     assert results[1][0] == "error" and "leader (rank 0) failed: ValueError: tool exploded" in results[1][1]
     assert results[1][2] == results[0][2]  # calls before the failure were mirrored
+
+
+def test_weight_buckets_gather_bucket_and_sum_what_an_engine_receives():
+    """rollout/base.WeightBuckets, the push of the served engines: sharded tensors gathered, buckets of at most
+    bucket_bytes (a larger tensor alone) each yielded when the next would overflow it, the last one flagged, and the
+    checksum of everything once iterated."""
+    from verl.workers.rollout.base import WeightBuckets
+
+    class Sharded:  # stands in for an FSDP2 DTensor
+        def __init__(self, full):
+            self.full = full
+
+        def full_tensor(self):
+            return self.full
+
+    pairs = [("a", torch.ones(2)), ("b", Sharded(torch.full((3,), 2.0))), ("c", torch.ones(10)), ("d", torch.ones(1))]
+    buckets = WeightBuckets(pairs, bucket_bytes=20)  # float32: a 8 bytes, b 12, c 40, d 4
+    assert buckets.checksum is None
+    got = [([name for name, _ in bucket], last) for bucket, last in buckets]
+    assert got == [(["a", "b"], False), (["c"], False), (["d"], True)]
+    assert buckets.checksum == 2 + 6 + 10 + 1
+    streamed = WeightBuckets(pairs)
+    assert [name for name, _ in streamed.pairs()] == ["a", "b", "c", "d"] and streamed.checksum == 19.0

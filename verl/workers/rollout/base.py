@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from verl.utils.config import default_of
-from verl.utils.torch_functional import get_response_mask, pad_2d_list_to_tensor
+from verl.utils.torch_functional import get_response_mask, pad_2d_list_to_tensor, tensor_checksum
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
@@ -275,6 +275,45 @@ def check_prompts_not_empty(prompt_token_ids: list[list[int]], engine: str) -> N
         if len(ids) == 0:
             raise ValueError(f"prompt {i} is empty; the {engine} engine needs at least one prompt token")
 
+
+class WeightBuckets:
+    """The actor's (HF name, tensor) pairs as an engine receives them: each tensor whole (FSDP2 DTensors gathered),
+    detached and contiguous, on `device` when one is given. Iterating yields (bucket, last): lists of pairs of about
+    `bucket_bytes` (a larger tensor alone), each yielded when the next tensor would overflow it, so one bucket is
+    held at a time; `pairs()` yields the pairs one at a time instead. `checksum` (the `tensor_checksum` of every
+    tensor, summed on their device and read once) is set when the iteration ends."""
+
+    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 0,
+                 device: str | torch.device | None = None):
+        self.named_tensors, self.bucket_bytes, self.device = named_tensors, bucket_bytes, device
+        self.checksum: float | None = None
+
+    def pairs(self):
+        """The pairs one at a time, for an engine that streams them (vLLM's in-place loader)."""
+        total = None
+        for name, tensor in self.named_tensors:
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            tensor = tensor.detach()
+            if self.device is not None:
+                tensor = tensor.to(self.device)
+            tensor = tensor.contiguous()
+            total = tensor_checksum(tensor) if total is None else total + tensor_checksum(tensor)
+            yield name, tensor
+        self.checksum = 0.0 if total is None else float(total)
+
+    def __iter__(self):
+        bucket, size = [], 0
+        for name, tensor in self.pairs():
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > self.bucket_bytes:
+                yield bucket, False
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+        if bucket:
+            yield bucket, True
+
 # rollout.name=auto on CPU takes vLLM's CPU build, where it is installed, from this many actor parameters on: at the
 # Qwen2.5-0.5B shape on 2 cores it decoded a GRPO step's 8 x 64 tokens in 8.1 s against the HF engine's 20.0 (the
 # step: 37.3 s against 43.6); a small model decodes faster in the HF engine, vLLM's per-step overhead dominating.
@@ -322,20 +361,20 @@ def engine_unavailable(name: str, device: str, tensor_parallel: int = 1) -> str 
     return None
 
 
-def cuda_only_engine_refusal(name: str, device: str, tensor_parallel, prefix: str,
-                             n_ranks: int | None = None) -> str | None:
+def cuda_only_engine_refusals(name: str, device: str, tensor_parallel, prefix: str,
+                              n_ranks: int | None = None) -> list[str]:
     """Why a CUDA_ONLY_ENGINES engine cannot be built on `device` with `rollout.tensor_model_parallel_size`: it runs
     on CUDA only, and one single-GPU engine per rank, which receives that rank's weights (no tensor parallelism)."""
-    label = CUDA_ONLY_ENGINES[name].label
+    label, refusals = CUDA_ONLY_ENGINES[name].label, []
     if device != "cuda":
-        return (f"{prefix}.name={name} runs on CUDA GPUs only (device is {device}); the engines that run on CPU are "
-                f"{prefix}.name=hf and {prefix}.name=vllm (vLLM's CPU build)")
+        refusals.append(f"{prefix}.name={name} runs on CUDA GPUs only (device is {device}); the engines that run on "
+                        f"CPU are {prefix}.name=hf and {prefix}.name=vllm (vLLM's CPU build)")
     if tensor_parallel != 1:
         ranks = f" ({n_ranks} here)" if n_ranks else ""
-        return (f"{prefix}.tensor_model_parallel_size={tensor_parallel}: Quiver's {label} engine runs one single-GPU "
-                f"engine on each rank{ranks}, without tensor parallelism; set it to 1, or use {prefix}.name=vllm "
-                "for tensor-parallel rollout")
-    return None
+        refusals.append(f"{prefix}.tensor_model_parallel_size={tensor_parallel}: Quiver's {label} engine runs one "
+                        f"single-GPU engine on each rank{ranks}, without tensor parallelism; set it to 1, or use "
+                        f"{prefix}.name=vllm for tensor-parallel rollout")
+    return refusals
 
 
 def cuda_only_engine_problems(name: str, rollout, device: str, n_ranks: int, prefix: str) -> list[str]:
@@ -343,10 +382,8 @@ def cuda_only_engine_problems(name: str, rollout, device: str, n_ranks: int, pre
     `n_ranks` ranks, as messages naming the keys (a name that cannot run here resolves as auto instead: see
     `engine_unavailable`)."""
     engine = CUDA_ONLY_ENGINES[name]
-    tensor_parallel = config_value(rollout, "tensor_model_parallel_size")
-    refusals = (cuda_only_engine_refusal(name, device, 1, prefix),  # each of the two reasons on its own
-                cuda_only_engine_refusal(name, "cuda", tensor_parallel, prefix, n_ranks))
-    problems = [refusal for refusal in refusals if refusal]
+    problems = cuda_only_engine_refusals(name, device, config_value(rollout, "tensor_model_parallel_size"), prefix,
+                                         n_ranks)
     if importlib.util.find_spec(engine.package) is None:
         problems.append(f"{prefix}.name={name} needs {engine.label}, on a CUDA machine: {engine.install}")
     if uses_agent_loop(rollout) and rollout.get("entropy_mode") == "exact":

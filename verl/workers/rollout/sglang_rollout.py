@@ -38,15 +38,15 @@ from typing import Any
 
 import torch
 
-from verl.utils.torch_functional import tensor_checksum
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
     SamplingParams,
+    WeightBuckets,
     check_prompts_not_empty,
     config_value,
     cuda_only_engine_problems,
-    cuda_only_engine_refusal,
+    cuda_only_engine_refusals,
     engine_extra_kwargs,
     engine_load_format,
     engine_max_model_len,
@@ -99,10 +99,10 @@ class SGLangRollout(RolloutEngine):
         weights_follow: bool = False,
     ):
         self.device = torch.device(device)
-        problem = cuda_only_engine_refusal("sglang", self.device.type,
-                                           config_value(config, "tensor_model_parallel_size"), _PREFIX)
-        if problem:
-            raise ValueError(problem)
+        refusals = cuda_only_engine_refusals("sglang", self.device.type,
+                                             config_value(config, "tensor_model_parallel_size"), _PREFIX)
+        if refusals:
+            raise ValueError(refusals[0])
         from sglang.srt.entrypoints.engine import Engine
         from transformers import AutoConfig
 
@@ -222,26 +222,15 @@ class SGLangRollout(RolloutEngine):
         begin = getattr(self.engine, "begin_weight_update", None)  # SGLang before 0.5.23 has no update sessions
         if begin is not None:
             _check(begin(), "begin_weight_update")
-        checksum, bucket, size = 0.0, [], 0
+        buckets = WeightBuckets(named_tensors, BUCKET_BYTES)
         try:
-            for name, tensor in named_tensors:
-                if hasattr(tensor, "full_tensor"):
-                    tensor = tensor.full_tensor()
-                tensor = tensor.detach()
-                checksum += float(tensor_checksum(tensor))
-                nbytes = tensor.numel() * tensor.element_size()
-                if bucket and size + nbytes > BUCKET_BYTES:
-                    _check(self.engine.update_weights_from_tensor(bucket, flush_cache=False),
-                           "update_weights_from_tensor")
-                    bucket, size = [], 0
-                bucket.append((name, tensor))
-                size += nbytes
-            if bucket:
-                _check(self.engine.update_weights_from_tensor(bucket, flush_cache=flush), "update_weights_from_tensor")
+            for bucket, last in buckets:  # only the last call drops the prefix cache
+                _check(self.engine.update_weights_from_tensor(bucket, flush_cache=flush and last),
+                       "update_weights_from_tensor")
         finally:
             if begin is not None:
                 _check(self.engine.end_weight_update(), "end_weight_update")
-        self.pushed_checksum = checksum
+        self.pushed_checksum = buckets.checksum
 
     def weights_checksum(self) -> float:
         """The sum of the weights last pushed (they live in SGLang's process); NaN before the first push."""

@@ -45,15 +45,15 @@ from typing import Any
 
 import torch
 
-from verl.utils.torch_functional import tensor_checksum
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
     SamplingParams,
+    WeightBuckets,
     check_prompts_not_empty,
     config_value,
     cuda_only_engine_problems,
-    cuda_only_engine_refusal,
+    cuda_only_engine_refusals,
     engine_extra_kwargs,
     engine_load_format,
     engine_max_model_len,
@@ -151,10 +151,10 @@ class TRTLLMRollout(RolloutEngine):
         hf_overrides: dict | None = None,
     ):
         self.device = torch.device(device)
-        problem = cuda_only_engine_refusal("trtllm", self.device.type,
-                                           config_value(config, "tensor_model_parallel_size"), _PREFIX)
-        if problem:
-            raise ValueError(problem)
+        refusals = cuda_only_engine_refusals("trtllm", self.device.type,
+                                             config_value(config, "tensor_model_parallel_size"), _PREFIX)
+        if refusals:
+            raise ValueError(refusals[0])
         if hf_overrides:
             raise ValueError(f"actor_rollout_ref.model.override_config={hf_overrides}: {_NAME}'s LLM takes no "
                              "config overrides; write them into the model's config.json, or use rollout.name=vllm")
@@ -276,23 +276,12 @@ class TRTLLMRollout(RolloutEngine):
             handles = [(name, _ipc_handle(tensor)) for name, tensor in bucket]
             self.llm._collective_rpc("update_weights", args=({device_uuid: handles},))
 
-        checksum, bucket, size = 0.0, [], 0
-        for name, tensor in named_tensors:
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            tensor = tensor.detach().to(self.device).contiguous()
-            checksum += float(tensor_checksum(tensor))
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > BUCKET_BYTES:
-                send(bucket)
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
+        buckets = WeightBuckets(named_tensors, BUCKET_BYTES, device=self.device)
+        for bucket, _ in buckets:
             send(bucket)
         # No handles: the worker runs the model's post-loading hooks and drops the prefix cache.
         self.llm._collective_rpc("update_weights", args=(None,))
-        self.pushed_checksum = checksum
+        self.pushed_checksum = buckets.checksum
 
     def weights_checksum(self) -> float:
         """The sum of the weights last pushed (they live in the engine's process); NaN before the first push."""

@@ -43,11 +43,11 @@ from typing import Any
 
 import torch
 
-from verl.utils.torch_functional import tensor_checksum
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
     SamplingParams,
+    WeightBuckets,
     check_prompts_not_empty,
     config_value,
     engine_extra_kwargs,
@@ -442,19 +442,9 @@ class VLLMRollout(RolloutEngine):
         if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
             self._asleep.discard("weights")
-        checksum = torch.zeros((), dtype=torch.float64, device=self.device)
-
-        def tensors():
-            nonlocal checksum
-            for name, tensor in named_tensors:
-                if hasattr(tensor, "full_tensor"):
-                    tensor = tensor.full_tensor()
-                tensor = tensor.to(self.device)
-                checksum += tensor_checksum(tensor)
-                yield name, tensor
-
-        self.llm.collective_rpc(_load_weights(tensors()))
-        self.pushed_checksum = float(checksum)
+        pushed = WeightBuckets(named_tensors, device=self.device)
+        self.llm.collective_rpc(_load_weights(pushed.pairs()))
+        self.pushed_checksum = pushed.checksum
         self.llm.reset_prefix_cache()
 
     def weights_checksum(self) -> float:
