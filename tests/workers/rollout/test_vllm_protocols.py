@@ -151,14 +151,9 @@ def test_weight_buckets_gather_bucket_and_sum_what_an_engine_receives():
     """rollout/base.WeightBuckets, the push of the served engines: sharded tensors gathered, buckets of at most
     bucket_bytes (a larger tensor alone) each yielded when the next would overflow it, the last one flagged, and the
     checksum of everything once iterated."""
+    from test_sglang_rollout import Sharded  # stands in for an FSDP2 DTensor
+
     from verl.workers.rollout.base import WeightBuckets
-
-    class Sharded:  # stands in for an FSDP2 DTensor
-        def __init__(self, full):
-            self.full = full
-
-        def full_tensor(self):
-            return self.full
 
     pairs = [("a", torch.ones(2)), ("b", Sharded(torch.full((3,), 2.0))), ("c", torch.ones(10)), ("d", torch.ones(1))]
     buckets = WeightBuckets(pairs, bucket_bytes=20)  # float32: a 8 bytes, b 12, c 40, d 4
