@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Run the tests that lean on torch.distributed (FSDP2, the weight push, checkpoints and re-sharding, the model merger,
-# LoRA, the PPO actor and critic, the SFT trainer, end-to-end GRPO runs through Ray) under the oldest torch that
-# requirements.txt allows, in a venv of its own, to keep that floor honest. Not part of scripts/test.sh: run it when a
-# change uses a torch API that may be newer than the floor, or before moving the floor.
+# Run the tests that lean on torch.distributed and autograd (FSDP2 and HSDP, Ulysses sequence parallelism, the fused
+# log-probs, the weight push and its buckets, checkpoints and re-sharding, the model merger, LoRA, the PPO actor and
+# critic, the SFT trainer, the memory estimate's optimizer rule, end-to-end GRPO and PPO runs through Ray) under the
+# oldest torch that requirements.txt allows, in a venv of its own, to keep that floor honest. Not part of
+# scripts/test.sh: run it when a change uses a torch API that may be newer than the floor, or before moving the floor.
 # Usage: scripts/test_torch_floor.sh [pytest args]   (TORCH_VERSION=2.9.1 scripts/test_torch_floor.sh: another torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,4 +25,8 @@ python -c "import torch, transformers as t; print(f'[floor] torch {torch.__versi
 pytest -q --timeout=900 -p no:cacheprovider \
   tests/utils/test_fsdp_utils.py tests/workers/test_full_state_dict.py tests/utils/checkpoint tests/model_merger \
   tests/utils/test_lora.py tests/workers/actor tests/workers/critic tests/trainer/test_fsdp_sft_trainer.py \
-  tests/e2e/test_grpo_e2e.py tests/e2e/test_checkpoint_resume.py tests/e2e/test_run_dir_and_resume.py "$@"
+  tests/utils/test_ulysses.py tests/workers/test_sequence_parallel.py tests/utils/test_fused_logprobs.py \
+  tests/utils/test_torch_functional.py tests/utils/test_memory_estimate.py tests/workers/rollout/test_hf_rollout.py \
+  tests/workers/rollout/test_sglang_rollout.py tests/workers/rollout/test_trtllm_rollout.py \
+  tests/e2e/test_grpo_e2e.py tests/e2e/test_critic_e2e.py tests/e2e/test_checkpoint_resume.py \
+  tests/e2e/test_run_dir_and_resume.py "$@"
