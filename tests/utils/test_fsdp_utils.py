@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from gloo_ranks import leave_group
 
 from verl.utils.fsdp_utils import FUSED_ADAMW_MIN_TORCH, build_optimizer, count_skipped_steps, move_optimizer_state
 
@@ -88,8 +89,9 @@ def _one_rank_gradients(rank: int, port: int, results) -> None:
         results[0] = "ok"
     except Exception as err:  # reported to the parent
         results[0] = repr(err)
-    finally:
         dist.destroy_process_group()
+        return
+    leave_group()
 
 
 def test_one_cpu_rank_keeps_its_model_unsharded_with_fsdp2s_gradients():
@@ -207,8 +209,9 @@ def _hsdp_rank(rank: int, port: int, checkpoint: str, results) -> None:
         import traceback
 
         results[rank] = traceback.format_exc()
-    finally:
         dist.destroy_process_group()
+        return
+    leave_group()
 
 
 def test_hsdp_updates_like_fsdp_and_its_checkpoint_loads_on_another_layout(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import leave_group
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.single_controller.base.worker import find_free_port
@@ -244,15 +245,13 @@ def _rank_main(rank: int, port: int, out_dir: str):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     results = {}
-    try:
-        for name, case in CASES.items():
-            try:
-                results[name] = case(dist.group.WORLD)
-            except Exception:
-                results[name] = {"error": traceback.format_exc()}
-    finally:
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.destroy_process_group()
+    for name, case in CASES.items():
+        try:
+            results[name] = case(dist.group.WORLD)
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    leave_group()
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import leave_group
 
 
 def _free_port() -> int:
@@ -66,8 +67,9 @@ def _rank(rank: int, world: int, port: int, results, bucket_bytes: int):
         results[rank] = "ok"
     except Exception as err:  # reported to the parent
         results[rank] = repr(err)
-    finally:
         dist.destroy_process_group()
+        return
+    leave_group()
 
 
 @pytest.mark.parametrize("bucket_bytes", [400])  # buckets of the small tensors, one gather each for the rest
@@ -112,8 +114,9 @@ def _shared_rank(rank: int, world: int, port: int, results):
         results[rank] = "ok"
     except Exception as err:  # reported to the parent
         results[rank] = repr(err)
-    finally:
         dist.destroy_process_group()
+        return
+    leave_group()
 
 
 def test_node_shared_engine_runs_every_ranks_work_on_rank_0():

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import leave_group
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
@@ -122,8 +123,9 @@ def _ranks(rank: int, port: int, results) -> None:
             results[(rank, name)] = "ok"
     except Exception:  # reported to the parent
         results[(rank, "error")] = traceback.format_exc()
-    finally:
         dist.destroy_process_group()
+        return
+    leave_group()
 
 
 @pytest.fixture(scope="module")

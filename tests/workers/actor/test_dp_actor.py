@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import leave_group
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -349,9 +350,10 @@ def _token_mean_rank(rank: int, world: int, port: int, expected: dict[str, torch
         actor.update_policy(data.select_idxs(RANK_ROWS[rank]))
         for name, p in sharded.named_parameters():
             torch.testing.assert_close(p.full_tensor(), expected[name], atol=1e-5, rtol=1e-4, msg=name)
-    finally:
-        dist.barrier()  # neither rank tears gloo down while the other may still use it (aborted under load)
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_group()
 
 
 def test_token_mean_weighs_every_token_of_every_rank_the_same():

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import leave_group
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from verl.protocol import DataProto
@@ -224,9 +225,10 @@ def _rank(rank: int, port: int, policy_dir: str, rm_dir: str, results):
         results[rank] = worker.compute_rm_score(share).batch["rm_scores"]
     except Exception as err:  # reported to the parent
         results[rank] = repr(err)
-    finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        return
+    leave_group()
 
 
 def test_two_ranks_score_as_one(tiny_model_dir, tiny_reward_model_dir):
