@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_ranks import leave_group
 
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.vllm_rollout import VLLMRollout, entropy_from_top_log_probs
@@ -113,12 +114,7 @@ def _rank_main(rank: int, port: int, fail: bool, results):
         results[rank] = ("ok", mine, engine.seen)
     except Exception as err:  # reported to the test
         results[rank] = ("error", f"{type(err).__name__}: {err}", engine.seen)
-    # Neither rank leaves while the other may still be in a collective; then both leave without C++ teardown. Under
-    # load, gloo's teardown aborted one rank (SIGABRT, "terminate called without an active exception") in two
-    # fresh-clone runs, first with a peer closing its connections early, then after a barrier and
-    # destroy_process_group. The results are in the manager's dict already; nothing else is left to flush.
-    dist.barrier()
-    os._exit(0)
+    leave_group()  # the results are in the manager's dict already, errors included
 
 
 def _run_group(fail: bool):
