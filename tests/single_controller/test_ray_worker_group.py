@@ -96,6 +96,16 @@ def test_cpu_ranks_share_the_nodes_cores(cpus, ranks, threads):
     assert cpu_threads_per_rank(cpus, ranks) == threads
 
 
+def test_gpu_workers_share_the_rank_cores_between_their_processes():
+    """A GPU node's cores go to its ranks too (Ray would leave each actor one thread); there the rank's share is
+    split between its colocated processes (actor, critic, reward model). CPU ranks keep their whole share."""
+    from verl.single_controller.ray.base import worker_threads
+
+    assert worker_threads("cuda", 16, 1, 1) == 16 and worker_threads("cuda", 96, 8, 2) == 6
+    assert worker_threads("cuda", 4, 8, 3) == 1
+    assert worker_threads("cpu", 8, 2, 2) == 4
+
+
 def test_gloo_all_reduce_of_ranks(toy_group):
     assert toy_group.all_reduce_rank() == [1.0, 1.0]
 

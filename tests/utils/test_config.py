@@ -249,6 +249,15 @@ def test_vllm_only_keys_are_announced_when_the_engine_is_hf(capsys):
                                "vllm") == []
 
 
+def test_rollout_dtype_is_read_by_the_hf_engine_on_cuda_only(capsys):
+    from verl.trainer.ppo.config_rules import announce_inert_keys
+
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.dtype=float16"])
+    assert announce_inert_keys(cfg, "hf", "cpu") == ["actor_rollout_ref.rollout.dtype"]
+    assert "this run's engine is hf on cpu (the hf engine reads it on CUDA)" in capsys.readouterr().out
+    assert announce_inert_keys(cfg, "hf", "cuda") == []
+
+
 def test_a_verl_key_quiver_does_not_carry_says_so_and_why():
     with pytest.raises(ConfigError, match=r"critic.model.lora_rank .* is a verl key Quiver does not carry: the critic "
                                           r"is always a full FSDP2 model"):

@@ -30,15 +30,57 @@ def test_build_optimizer_on_cpu_is_fused_adamw_over_the_trainable_parameters():
     assert not torch.equal(model.weight, initial)
 
 
-def test_every_optimizer_state_tensor_moves_to_the_device():
+def test_every_optimizer_state_tensor_moves_to_the_device_but_the_step_counts():
+    """Adam's moments move; its scalar step counts stay where AdamW made them (the foreach step reads them on the
+    host: on a GPU each read would be a sync per parameter)."""
     model = torch.nn.Linear(4, 2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, foreach=True)
     model(torch.ones(3, 4)).sum().backward()
     optimizer.step()
     keys = set(optimizer.state[model.weight])
     move_optimizer_state(optimizer, "meta")  # a second device without a GPU: shapes move, not data
     assert set(optimizer.state[model.weight]) == keys
-    assert all(v.is_meta for state in optimizer.state.values() for v in state.values())
+    for state in optimizer.state.values():
+        assert state["exp_avg"].is_meta and state["exp_avg_sq"].is_meta
+        assert state["step"].device.type == "cpu" and state["step"].dim() == 0
+
+
+def test_the_float32_masters_of_a_bf16_model_move_with_the_state():
+    """Float32MasterAdamW's masters are optimizer state too (its param_groups hold them): optimizer_offload moves
+    them, and the optimizer still steps the same master objects."""
+    from verl.utils.fsdp_utils import Float32MasterAdamW
+
+    model = torch.nn.Linear(4, 2).to(torch.bfloat16)
+    optimizer = Float32MasterAdamW(model.parameters(), lr=0.1)
+    model(torch.ones(3, 4, dtype=torch.bfloat16)).sum().backward()
+    optimizer.step()
+    masters = optimizer._masters()
+    values = [m.detach().clone() for m in masters]
+    moved = []
+    real_to = torch.Tensor.to
+    # Without a second real device: see what each master is sent to (meta tensors cannot take a CPU one's place).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.Tensor, "to", lambda self, *a, **k: moved.append((self.shape, a[0])) or real_to(
+            self, "cpu", **k))
+        move_optimizer_state(optimizer, "cuda")
+    assert sorted(moved) == sorted([(m.shape, "cuda") for m in masters] + [(v.shape, "cuda") for state in
+                                   optimizer.state.values() for v in state.values() if v.dim() > 0])
+    assert all(a is b for a, b in zip(optimizer._masters(), masters, strict=True))  # the same masters, stepped on
+    assert all(torch.equal(m, v) for m, v in zip(masters, values, strict=True))
+
+
+def test_the_optimizer_state_is_offloaded_only_for_parameters_on_the_gpu():
+    """optimizer_offload moves the state between host and GPU around each update; with the parameters in host
+    memory (param_offload / offload_policy: FSDP2 steps the optimizer there) it stays on the host, and moving it to
+    the GPU would put it beside host gradients. On CPU nothing moves."""
+    from verl.utils.fsdp_utils import offloads_optimizer_state, params_in_host_memory
+
+    assert offloads_optimizer_state("cuda", {"optimizer_offload": True})
+    assert not offloads_optimizer_state("cuda", {"optimizer_offload": True, "param_offload": True})
+    assert not offloads_optimizer_state("cuda", {"optimizer_offload": True, "offload_policy": True})
+    assert not offloads_optimizer_state("cpu", {"optimizer_offload": True})
+    assert params_in_host_memory("cuda", {"param_offload": True}) and not params_in_host_memory("cpu", {
+        "param_offload": True})
 
 
 def test_moving_to_the_same_device_keeps_the_values():

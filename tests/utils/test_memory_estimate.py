@@ -457,11 +457,15 @@ def test_the_first_contact_job_on_one_80gb_gpu_starts_on_defaults(tmp_path, caps
     sized, estimate = check_ppo_memory(config, plan, replan=lambda changed: _replan(changed, "cuda", shape))
     assert sized.sized_by_memory == (
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 64),  # the whole mini-batch fits: 43.71 GiB
-        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 64),  # half the rows: 49.98 GiB
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 64),  # half the rows: 49.63 GiB
     )
     assert estimate.phases["update_actor"]["logits"] == 64 * 256 * 151936 * UPDATE_LOGITS
     assert estimate.phases["old_log_prob"]["logits"] == 64 * 256 * 151936 * OLD_LOG_PROB_LOGITS
-    assert estimate.peak_phase == "old_log_prob" and f"{estimate.peak / GIB:.2f}" == "49.98"
+    # Beside the logits, what stays all step: the HF engine's bf16 copy (0.92 GiB) and its static KV cache, 128
+    # sequences x 2 (k, v) x 128 x (128 prompt + 256 response tokens) x 2 bytes x 24 layers = 0.56 GiB.
+    assert estimate.phases["old_log_prob"]["hf engine weights"] == 2 * shape.parameters
+    assert estimate.phases["old_log_prob"]["KV cache"] == 128 * 2 * 128 * (128 + 256) * 2 * 24
+    assert estimate.peak_phase == "old_log_prob" and f"{estimate.peak / GIB:.2f}" == "49.63"
     assert estimate.peak <= WARN_SHARE * 80 * GIB
     assert estimate.to_dict() == {
         "device": "cuda",
@@ -480,22 +484,22 @@ def test_the_first_contact_job_on_one_80gb_gpu_starts_on_defaults(tmp_path, caps
 
 def test_a_mini_batch_of_128_sequences_is_cut_to_fit_an_80gb_gpu(tmp_path):
     # One mini-batch of all 16 prompts (on-policy: no old-log-prob pass). The update of 128 sequences would need
-    # 75.05 GiB, more than 90% of 80 GiB, its logits 128 x 256 x 151936 x 14 bytes = 64.91 GiB, with no gradient yet;
-    # 64 sequences 43.45, with the first micro-batch's gradients, 1.84 GiB (the HF engine's static loop keeps its
-    # 1.84 GiB float32 copy on the GPU all step).
+    # 74.70 GiB, more than 90% of 80 GiB, its logits 128 x 256 x 151936 x 14 bytes = 64.91 GiB, with no gradient yet;
+    # 64 sequences 43.09, with the first micro-batch's gradients, 1.84 GiB (the HF engine's static loop keeps its
+    # 0.92 GiB bf16 copy and its 0.56 GiB KV cache on the GPU all step).
     config = qwen_0_5b_job(tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=16")
     shape = read_model_shape(str(tmp_path))
     plan = plan_run(config, "cuda", shape.parameters)
     assert plan.actor_update.mini_batch == 128 and plan.old_log_prob_source == "actor"
     whole = estimate_ppo_memory(config, plan, {"actor": shape}, capacity=80 * GIB)
     assert whole.phases["update_actor"]["logits"] == 128 * 256 * 151936 * UPDATE_LOGITS
-    assert f"{whole.total('update_actor') / GIB:.2f}" == "75.05" and whole.peak > WARN_SHARE * 80 * GIB
+    assert f"{whole.total('update_actor') / GIB:.2f}" == "74.70" and whole.peak > WARN_SHARE * 80 * GIB
 
     sized, estimate = check_ppo_memory(config, plan, {"actor": shape},
                                        replan=lambda changed: _replan(changed, "cuda", shape))
     assert sized.actor_update.micro.size == 64 and sized.actor_update.mini_batch == 128
     assert sized.old_log_prob_source == "actor" and "old_log_prob" not in estimate.phases
-    assert estimate.peak_phase == "update_actor" and f"{estimate.peak / GIB:.2f}" == "43.45"
+    assert estimate.peak_phase == "update_actor" and f"{estimate.peak / GIB:.2f}" == "43.09"
 
 
 def test_a_run_that_cannot_fit_while_generating_is_refused_naming_the_engine_and_offload(tmp_path):
@@ -515,10 +519,9 @@ def test_a_run_that_cannot_fit_while_generating_is_refused_naming_the_engine_and
     assert message.startswith("the run needs about 10.02 GiB per rank in generate, more than the 8.00 GiB")
     assert "vllm (gpu_memory_utilization) 4.00 GiB" in message
     assert "That is at one sequence" not in message  # the micro-batches were sized, but generation is the peak
-    assert (
-        "actor_rollout_ref.actor.fsdp_config.param_offload=true: peak 8.18 GiB (saves 1.84 GiB, not enough alone)"
-        in message
-    )
+    # param_offload: FSDP2 keeps the parameters, their gradients and the optimizer's state in host memory and steps
+    # there, so the weights and the moments leave the GPU.
+    assert "actor_rollout_ref.actor.fsdp_config.param_offload=true: peak 6.83 GiB (fits)" in message
 
 
 def test_main_ppo_refuses_before_ray_with_exit_code_2(
@@ -615,14 +618,52 @@ def test_no_estimate_when_the_model_directory_cannot_be_read(tmp_path, capsys):
     assert os.listdir(tmp_path) == []
 
 
-def test_the_hf_engine_keeps_its_weights_on_cuda_with_the_static_loop():
-    """On CUDA the static loop's compiled graphs read the engine's weights where they were captured, so its float32
-    copy is counted in every phase; with static_decode=false (or on CPU) it is freed while the actor trains."""
-    for static, device, kept in ((None, "cuda", True), (False, "cuda", False), (None, "cpu", False)):
+def test_the_hf_engine_keeps_its_weights_and_cache_on_cuda_with_the_static_loop():
+    """On CUDA the static loop's compiled graphs read the engine's weights and its preallocated KV cache where they
+    were captured, so both are counted in every phase; with static_decode=false (or on CPU) they are freed while the
+    actor trains. The engine's copy is bf16 on CUDA (rollout.dtype), float32 on CPU. The static cache holds the
+    prompt bucketed to 64 tokens and the whole response for every sequence (4 per rank), the eager loop's the 10
+    tokens of prompt and response, for each layer and one growing."""
+    for static, device, kept in ((None, "cuda", True), (False, "cuda", False), (None, "cpu", False),
+                                 (True, "cpu", False)):
         config = small_config("actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.rollout.static_decode={static}"
                               if static is not None else "actor_rollout_ref.rollout.static_decode=null")
         plan = plan_run(config, device)
-        assert plan.hf_static_decode is (static is None and device == "cuda")
+        assert plan.hf_static_decode is (static is True or (static is None and device == "cuda"))
+        e = 2 if device == "cuda" else 4
         phases = estimate_ppo_memory(config, plan, {"actor": SMALL}, capacity=GIB).phases
-        assert phases["generate"]["hf engine weights"] == 4 * 1000
-        assert ("hf engine weights" in phases["update_actor"]) is kept, (static, device)
+        assert phases["generate"]["hf engine weights"] == e * 1000
+        kv = 4 * 2 * 4 * e * ((64 + 4) * 2 if plan.hf_static_decode else 10 * 3)
+        assert phases["generate"]["KV cache"] == kv, (static, device)
+        for name in ("hf engine weights", "KV cache"):
+            assert (name in phases["update_actor"]) is kept, (name, static, device)
+
+
+def test_a_served_reward_model_and_tensorrt_llm_take_their_share_of_the_gpu():
+    """A served generative reward model holds reward_model.rollout.gpu_memory_utilization of the first GPU for the
+    whole run; TensorRT-LLM keeps its own copy of the weights (rollout.dtype) all run and claims its
+    gpu_memory_utilization of what is free when it starts for its KV cache (kept between rollouts without
+    free_cache_engine). On CPU neither is a GPU share."""
+    judge = ["reward_model.enable=true", "reward_model.model.path=/judge", "reward_model.rollout.name=vllm",
+             "reward_model.rollout.gpu_memory_utilization=0.25"]
+    key = "served reward model (reward_model.rollout.gpu_memory_utilization)"
+    config = small_config("actor_rollout_ref.rollout.name=hf", *judge)
+    phases = estimate_ppo_memory(config, plan_run(config, "cuda"), {"actor": SMALL}, capacity=GIB).phases
+    assert all(parts[key] == GIB // 4 for parts in phases.values())
+    assert key not in estimate_ppo_memory(config, plan_run(config, "cpu"), {"actor": SMALL}).phases["generate"]
+
+    for free_cache in ("true", "false"):
+        config = small_config("actor_rollout_ref.rollout.name=trtllm",
+                              "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+                              f"actor_rollout_ref.rollout.free_cache_engine={free_cache}")
+        # The plan of a machine where tensorrt_llm is installed (here rollout.name=trtllm falls back to another).
+        plan = dataclasses.replace(plan_run(config, "cuda"), rollout_engine="trtllm")
+        phases = estimate_ppo_memory(config, plan, {"actor": SMALL}, capacity=4 * GIB).phases
+        assert phases["update_actor"]["trtllm weights"] == 2 * 1000  # bf16, never released
+        assert phases["update_actor"]["processes"] == 2 * PROCESS_BYTES  # its engine runs in a Ray actor of its own
+        before_engine = sum(v for k, v in phases["optimizer_step"].items()
+                            if k not in ("trtllm weights", "gradients", "optimizer temporaries")
+                            and not k.startswith("trtllm KV"))
+        claim = phases["generate"]["trtllm KV cache (gpu_memory_utilization)"]
+        assert claim == int(0.5 * (4 * GIB - before_engine - 2 * 1000))
+        assert ("trtllm KV cache (gpu_memory_utilization)" in phases["update_actor"]) is (free_cache == "false")

@@ -209,13 +209,35 @@ def clip_grad_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     return grad_norm
 
 
+def params_in_host_memory(device: str, fsdp_config) -> bool:
+    """`fsdp_config.param_offload` / `offload_policy` on CUDA: FSDP2's CPUOffloadPolicy keeps the sharded parameters,
+    their gradients, and so the optimizer's state and step, in host memory (each layer's weights visit the GPU only
+    while it computes)."""
+    fsdp_config = fsdp_config or {}
+    return device == "cuda" and bool(fsdp_config.get("param_offload") or fsdp_config.get("offload_policy"))
+
+
+def offloads_optimizer_state(device: str, fsdp_config) -> bool:
+    """`fsdp_config.optimizer_offload` on CUDA for parameters on the GPU: the optimizer's state waits in host memory
+    between updates and comes to the GPU for each (`move_optimizer_state`). With the parameters in host memory
+    (`params_in_host_memory`) the state is there already and stays: the optimizer steps there."""
+    fsdp_config = fsdp_config or {}
+    return device == "cuda" and bool(fsdp_config.get("optimizer_offload")) and not params_in_host_memory(device,
+                                                                                                        fsdp_config)
+
+
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: str | torch.device) -> None:
-    """Move every tensor of the optimizer's state (Adam's moments, step counts) to `device`, in place:
-    `fsdp_config.optimizer_offload` keeps them in host memory between updates on CUDA."""
+    """Move the optimizer's state to `device`, in place: Adam's moments and Float32MasterAdamW's float32 masters
+    (`fsdp_config.optimizer_offload` keeps them in host memory between updates on CUDA). Scalar tensors (Adam's
+    step counts) stay where AdamW made them: the foreach step reads them on the host (on the GPU each read would be
+    a sync per parameter), the fused step on the parameters' device."""
     for state in optimizer.state.values():
         for key, value in state.items():
-            if torch.is_tensor(value):
+            if torch.is_tensor(value) and value.dim() > 0:
                 state[key] = value.to(device, non_blocking=True)
+    if isinstance(optimizer, Float32MasterAdamW):
+        for master in optimizer._masters():
+            master.data = master.data.to(device, non_blocking=True)
 
 
 def count_skipped_steps(grad_norms: list[float], in_row: int) -> tuple[int, int]:

@@ -26,12 +26,17 @@ c bytes of the plan's compute dtype (the parameters' on CPU; `fsdp_config.dtype`
                                     (LOGITS_COPIES: logits, logits / T, log-softmax, the gradient; with the entropy
                                     softmax and its products), c' = c for the compute-dtype logits on CUDA; with the
                                     fused log-probs min(R, CHUNK_TOKENS) V 4 FUSED_LOGITS_COPIES
-    rollout engine   the plan's engine. hf: 4 P (its own float32 copy, freed or moved to host between rollouts with
-                     free_cache_engine, except on CUDA with the static decode loop, whose graphs keep it) + KV cache
-                     2 L kv (prompt + response) 4 per sequence it decodes (the rank's prompts x n, the node's with
-                     share_cpu_engine); vllm and sglang on CUDA: gpu_memory_utilization of the GPU;
-                     vllm on CPU: 4 P + its KV cache (no sleep mode there); other engines (openai: a remote server;
-                     the user's own): nothing counted
+    rollout engine   the plan's engine. hf: e P (its own copy in hf_engine_dtype: e = 4 on CPU, rollout.dtype's on
+                     CUDA; freed or moved to host between rollouts with free_cache_engine) + KV cache 2 L kv
+                     (prompt + response) e per sequence it decodes (the rank's prompts x n, the node's with
+                     share_cpu_engine; the static loop: the prompt bucketed to 64 tokens, and on CUDA, whose graphs
+                     read them where they were captured, the copy and the cache kept all step); vllm and sglang
+                     on CUDA: gpu_memory_utilization of the GPU; trtllm on CUDA: its weights in rollout.dtype all
+                     run + gpu_memory_utilization of the memory left free for its KV cache; vllm on CPU: 4 P + its
+                     KV cache (no sleep mode there); other engines (openai: a remote server; the user's own):
+                     nothing counted
+    reward server    a served generative reward model on CUDA: reward_model.rollout.gpu_memory_utilization of the
+                     GPU, all run
     process          PROCESS_BYTES per worker process (CUDA context, or on CPU the interpreter with torch)
 
 The phases are the step's that the plan runs: generate, old_log_prob (old_log_prob_source=recompute), ref (a
@@ -57,12 +62,12 @@ from collections.abc import Callable
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.config import ConfigError
-from verl.utils.fsdp_utils import adamw_is_fused, reshards_after_forward
+from verl.utils.fsdp_utils import COMPUTE_DTYPES, adamw_is_fused, params_in_host_memory, reshards_after_forward
 from verl.utils.fused_logprobs import CHUNK_TOKENS
 from verl.utils.lora import lora_settings
 from verl.utils.model_server import served_reward_engine
 from verl.utils.run_plan import MicroBatches, RunPlan
-from verl.utils.torch_functional import LOGITS_CHUNK
+from verl.utils.torch_functional import LOGITS_CHUNK, STATIC_PROMPT_BUCKET
 
 GIB = 1024**3
 FLOAT32_BYTES = 4
@@ -352,8 +357,12 @@ def estimate_ppo_memory(
         return not (cuda and offload_key)  # offloading is a CUDA feature; on CPU everything is in host memory
 
     def weights(shape: ModelShape, fsdp, param_bytes: int, shard: int) -> int:
-        offloaded = fsdp.get("param_offload") or fsdp.get("offload_policy")
-        return param_bytes * shape.parameters // shard if on_device(offloaded) else 0
+        return 0 if params_in_host_memory(plan.device, fsdp) else param_bytes * shape.parameters // shard
+
+    def optimizer_between_updates(fsdp, size: int) -> int:
+        """The optimizer's state on the device between updates: not with optimizer_offload, nor with the parameters
+        in host memory (FSDP2 then steps the optimizer there, its state never on the device)."""
+        return size if on_device(fsdp.optimizer_offload) and not params_in_host_memory(plan.device, fsdp) else 0
 
     def optimizer(shape: ModelShape, param_bytes: int, shard: int) -> int:
         """AdamW's moments, and the float32 masters of parameters held in a lower precision."""
@@ -436,7 +445,7 @@ def estimate_ppo_memory(
     actor_optimizer = optimizer(actor, actor_bytes, actor_shard)
     resident = {
         "actor weights": weights(actor, actor_fsdp, actor_bytes, actor_shard),
-        "actor optimizer": actor_optimizer if on_device(actor_fsdp.optimizer_offload) else 0,
+        "actor optimizer": optimizer_between_updates(actor_fsdp, actor_optimizer),
     }
     lora = lora_settings(model_cfg)
     if plan.use_reference_policy and lora is None:
@@ -446,15 +455,20 @@ def estimate_ppo_memory(
         critic_bytes, critic_shard = DTYPE_BYTES[plan.critic_param_dtype], plan.critic_fsdp_size
         critic_optimizer = optimizer(critic_shape, critic_bytes, critic_shard)
         resident["critic weights"] = weights(critic_shape, critic_fsdp, critic_bytes, critic_shard)
-        resident["critic optimizer"] = critic_optimizer if on_device(critic_fsdp.optimizer_offload) else 0
+        resident["critic optimizer"] = optimizer_between_updates(critic_fsdp, critic_optimizer)
     if plan.use_reward_model:
         resident["reward model weights"] = weights(shapes["reward_model"], config.reward_model.model.fsdp_config,
                                                    FLOAT32_BYTES, plan.reward_model_fsdp_size)
     resident["processes"] = PROCESS_BYTES * plan.processes_per_rank
+    if plan.reward_model_server and cuda:
+        # The served generative reward model shares the first GPUs with the ranks for the whole run: its share of a
+        # GPU's memory is taken on the fullest rank's (counted on every rank: the estimate is the fullest's).
+        share = config.reward_model.rollout.gpu_memory_utilization
+        resident["served reward model (reward_model.rollout.gpu_memory_utilization)"] = int(share * (capacity or 0))
 
     # ---- the rollout engine
     name = plan.rollout_engine
-    engine_weights = FLOAT32_BYTES * actor.parameters  # the engines load their own float32 copy
+    engine_weights = FLOAT32_BYTES * actor.parameters  # vLLM's CPU build loads its own float32 copy
     generate = {}
     if name in ("vllm", "sglang") and cuda:  # each claims its fraction of the GPU (SGLang: mem_fraction_static)
         claim = f"{name} (gpu_memory_utilization)"
@@ -468,19 +482,36 @@ def estimate_ppo_memory(
             kv = int(float(space) * GIB) if space else vllm_cpu_kv_cache_bytes
         resident["vllm weights"] = engine_weights // rollout.tensor_model_parallel_size
         resident["vllm KV cache"] = int(kv)
+    elif name == "trtllm" and cuda:
+        # Its own copy of the weights in rollout.dtype, never released (sleep frees only the KV cache), and a KV
+        # cache of gpu_memory_utilization of what is free when it starts (free_gpu_memory_fraction).
+        weights_bytes = DTYPE_BYTES.get(COMPUTE_DTYPES.get(str(rollout.dtype), ""), 2) * actor.parameters
+        resident["trtllm weights"] = weights_bytes // rollout.tensor_model_parallel_size
+        kv_claim = "trtllm KV cache (gpu_memory_utilization)"
+        generate[kv_claim] = int(rollout.gpu_memory_utilization * max(0, (capacity or 0) - sum(resident.values())))
+        if not rollout.free_cache_engine:
+            resident[kv_claim] = generate.pop(kv_claim)
     elif name == "hf":  # other engines (a remote server, the user's own) hold nothing the estimate knows of
         gen_rows = _generate_rows(config, plan)
         decoding = min(rollout.micro_batch_size or gen_rows, gen_rows)
-        # The cache grows by concatenation: the step's new tensors of a layer exist beside the old ones.
-        kv_per_sequence = 2 * actor.kv_dim * length * FLOAT32_BYTES
-        generate["hf engine weights"] = engine_weights
-        generate["KV cache"] = decoding * kv_per_sequence * (actor.layers + 1)
+        e = DTYPE_BYTES[plan.hf_engine_dtype]  # its copy of the model: float32 on CPU, rollout.dtype on CUDA
+        generate["hf engine weights"] = e * actor.parameters
+        if plan.hf_static_decode:
+            # One preallocated cache of the bucketed prompt and the whole response.
+            bucketed = -(-prompt // STATIC_PROMPT_BUCKET) * STATIC_PROMPT_BUCKET
+            generate["KV cache"] = decoding * 2 * actor.kv_dim * (bucketed + response) * e * actor.layers
+        else:  # the cache grows by concatenation: the step's new tensors of a layer exist beside the old ones
+            generate["KV cache"] = decoding * 2 * actor.kv_dim * length * e * (actor.layers + 1)
         generate["prefill"] = (
-            decoding * prompt * (2 * FLOAT32_BYTES * actor.hidden + actor.layer_temporaries(FLOAT32_BYTES))
-            + decoding * actor.vocab * FLOAT32_BYTES * SAMPLING_COPIES
+            decoding * prompt * (2 * e * actor.hidden + actor.layer_temporaries(e))
+            + decoding * actor.vocab * FLOAT32_BYTES * SAMPLING_COPIES  # the sampler's float32 logits
         )
-        # The static loop's compiled CUDA graphs read the weights where they were captured: they stay all step.
-        if not rollout.free_cache_engine or (cuda and plan.hf_static_decode):
+        # The static loop's compiled CUDA graphs read the weights and the cache where they were captured: both stay
+        # all step.
+        if cuda and plan.hf_static_decode:
+            resident["hf engine weights"] = generate.pop("hf engine weights")
+            resident["KV cache"] = generate.pop("KV cache")
+        elif not rollout.free_cache_engine:
             resident["hf engine weights"] = generate.pop("hf engine weights")
 
     phases = {"generate": {**resident, **generate}}
@@ -513,9 +544,10 @@ def estimate_ppo_memory(
         train = _Pass(critic_shape, critic_fsdp, critic_c, sequences("critic_update"), critic_checkpointing,
                       critic_bytes, critic_shard, critic_sp, accumulates("critic_update"))
         phases["values"] = {**resident, **forward_parts(values, grad=False, entropy=False)}
+        critic_host = params_in_host_memory(plan.device, critic_fsdp)
         phases["update_critic"] = {
             **resident,
-            "critic optimizer": critic_optimizer,
+            "critic optimizer": 0 if critic_host else critic_optimizer,
             **update_parts(train, entropy=False),
         }
 
@@ -523,16 +555,20 @@ def estimate_ppo_memory(
     train = _Pass(actor, actor_fsdp, actor_c, sequences("actor_update"), checkpointing, actor_bytes, actor_shard,
                   plan.sequence_parallel, accumulates("actor_update"))
     update = update_parts(train, entropy=plan.update_needs_entropy)
-    phases["update_actor"] = {**resident, "actor optimizer": actor_optimizer, **update}
-    phases["optimizer_step"] = {
-        **resident,
-        "actor optimizer": actor_optimizer,
-        # Float32MasterAdamW turns each gradient into a float32 one for its masters.
-        "gradients": FLOAT32_BYTES * actor.trainable // actor_shard,
-    }
-    # AdamW's foreach step makes one temporary per moment tensor (the denominator); the fused one none.
-    if not adamw_is_fused(plan.device):
-        phases["optimizer_step"]["optimizer temporaries"] = FLOAT32_BYTES * actor.trainable // actor_shard
+    # With the parameters in host memory the optimizer steps there: its state, the gradients and the step's
+    # temporaries never reach the device.
+    actor_host = params_in_host_memory(plan.device, actor_fsdp)
+    phases["update_actor"] = {**resident, "actor optimizer": 0 if actor_host else actor_optimizer, **update}
+    phases["optimizer_step"] = dict(resident)
+    if not actor_host:
+        phases["optimizer_step"].update({
+            "actor optimizer": actor_optimizer,
+            # Float32MasterAdamW turns each gradient into a float32 one for its masters.
+            "gradients": FLOAT32_BYTES * actor.trainable // actor_shard,
+        })
+        # AdamW's foreach step makes one temporary per moment tensor (the denominator); the fused one none.
+        if not adamw_is_fused(plan.device):
+            phases["optimizer_step"]["optimizer temporaries"] = FLOAT32_BYTES * actor.trainable // actor_shard
     return MemoryEstimate(phases, capacity, capacity_source, plan.device)
 
 

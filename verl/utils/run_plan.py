@@ -59,6 +59,9 @@ class RunPlan:
     async_branching: bool  # mode=async with ARPO's branching: a prompt's n trajectories are made together
     share_cpu_engine: bool  # the ranks of the node decode through one HF engine on rank 0
     hf_static_decode: bool  # the HF engine's static decode loop (on CUDA: compiled graphs, weights kept resident)
+    # The HF engine's own copy of the model: float32 on CPU (where its log-probs may stand in for the actor's), on
+    # CUDA rollout.dtype, bf16 by default, as vLLM's.
+    hf_engine_dtype: str
     old_log_prob_source: str  # recompute | actor | rollout
     update_needs_entropy: bool  # the actor's objective reads the token entropy in the update
     use_reference_policy: bool

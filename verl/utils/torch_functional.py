@@ -74,6 +74,11 @@ def tensor_checksum(tensor: torch.Tensor) -> torch.Tensor:
     return rows.sum(dim=1, dtype=torch.float32).double().sum()
 
 
+# The HF engine's static decode loop left-pads prompts to a multiple of this many tokens, so that batches whose longest
+# prompts differ by a few tokens share one KV-cache shape, hence one compiled CUDA graph (each new shape compiles
+# again); the memory estimate sizes the static cache with it.
+STATIC_PROMPT_BUCKET = 64
+
 # Positions per chunk with entropy_from_logits_with_chunking (verl's chunk: 2048 tokens); the actor passes it as
 # `chunk_size` below, and the memory estimate counts one chunk's temporaries.
 LOGITS_CHUNK = 2048

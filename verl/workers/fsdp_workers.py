@@ -25,7 +25,14 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint, save_rank_checkpoint
-from verl.utils.fsdp_utils import build_optimizer, compile_layers, fsdp_mesh, move_optimizer_state, shard_model
+from verl.utils.fsdp_utils import (
+    build_optimizer,
+    compile_layers,
+    fsdp_mesh,
+    move_optimizer_state,
+    offloads_optimizer_state,
+    shard_model,
+)
 from verl.utils.import_utils import import_external_libs
 from verl.utils.lora import apply_lora, load_lora_adapter, lora_scaling, lora_settings, merge_lora_items
 from verl.utils.packing import uses_varlen_attention
@@ -131,7 +138,7 @@ def _gather_bucket(bucket: list[tuple[DTensor, torch.Tensor | None]], dst: int |
     group = bucket[0][0].device_mesh.get_group()
     world = dist.get_world_size(group)
     shards = [tensor.to_local().detach().reshape(-1) for tensor, _ in bucket]
-    local = torch.cat(shards)
+    local = torch.cat(shards).to(_mesh_device(bucket[0][0]))
     out = torch.empty(world * local.numel(), dtype=local.dtype, device=local.device) if receives else None
     if dst is None:
         _all_gather_single(out, local, group=group)
@@ -154,9 +161,10 @@ def _gather_one(tensor: torch.Tensor, target: torch.Tensor | None, dst: int | No
             target.copy_(full)
         return
     group = tensor.device_mesh.get_group()
-    shard = tensor.to_local().detach().reshape(-1)
+    shard = tensor.to_local().detach().reshape(-1).to(_mesh_device(tensor))
     out = target
-    if target is not None and not (target.is_contiguous() and target.dtype == shard.dtype):
+    if target is not None and not (target.is_contiguous() and target.dtype == shard.dtype
+                                   and target.device == shard.device):
         out = torch.empty(target.shape, dtype=shard.dtype, device=shard.device)
     if dst is None:
         _all_gather_single(out.view(-1), shard, group=group)
@@ -170,6 +178,14 @@ def _gather_one(tensor: torch.Tensor, target: torch.Tensor | None, dst: int | No
 # torch 2.13 renames all_gather_into_tensor to all_gather_single (and warns on the old name at every call); the floor,
 # torch 2.8, has only the old one.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _mesh_device(tensor: DTensor) -> torch.device:
+    """Where the collectives of `tensor`'s mesh take their buffers: this rank's GPU for a CUDA mesh (NCCL takes GPU
+    memory only, and with param_offload FSDP2 holds the shards in host memory), else the CPU."""
+    if tensor.device_mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _is_dim0_sharded(tensor: DTensor) -> bool:
@@ -192,6 +208,15 @@ def start_rank(worker: Worker, device: str, seed: int) -> None:
         # Ray shows each actor only its own GPU, so local ranks map onto the visible devices.
         torch.cuda.set_device(worker.local_rank % torch.cuda.device_count())
     torch.manual_seed(seed + worker.rank)
+
+
+def elapsed(start: float, device: str) -> float:
+    """Seconds since `start` (a perf_counter reading) of the work this rank queued: on CUDA after the GPU has done
+    it (kernels and NCCL collectives run asynchronously; unsynchronised, a phase's GPU time would be counted in the
+    next phase that waits for it)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def rank_device(device: str) -> torch.device:
@@ -253,7 +278,7 @@ class ActorRolloutRefWorker(Worker):
         self.device = device = plan.device
         self.seed = seed
         # Optimizer state in host memory between updates (CUDA; on CPU it is there anyway).
-        self._offload_optimizer = device == "cuda" and bool(config.actor.fsdp_config.get("optimizer_offload"))
+        self._offload_optimizer = offloads_optimizer_state(device, config.actor.fsdp_config)
         import_external_libs(config.model.get("external_lib"))  # what the user's modules register, here too
         import_external_libs(plugins, key="trainer.plugins")
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
@@ -279,10 +304,11 @@ class ActorRolloutRefWorker(Worker):
         return model.to(self._torch_device)
 
     def _load_engine_module(self):
-        """The HF engine's own float32 copy of the model (its log-probs are then the actor's up to rounding). The
-        flash-attn kernels take no float32: with one selected (model.override_config.attn_implementation, for the
-        actor's packed passes) the engine's copy attends with sdpa."""
-        module = self._load_hf_model()
+        """The HF engine's own copy of the model, in the plan's `hf_engine_dtype` (float32 on CPU, where its log-probs
+        are the actor's up to rounding; rollout.dtype on CUDA). With flash-attn selected for the actor's packed passes
+        (model.override_config.attn_implementation) the engine's copy attends with sdpa: flash-attn takes no float32,
+        and the static decode loop's padded cache needs a mask."""
+        module = self._load_hf_model(self.plan.hf_engine_dtype)
         if uses_varlen_attention(module.config):
             module.set_attn_implementation("sdpa")
         return module
@@ -335,6 +361,9 @@ class ActorRolloutRefWorker(Worker):
         if self._is_rollout:
             rollout = self.config.rollout
             name = plan.rollout_engine
+            if name == "hf":  # the engine decodes with the loop the plan chose
+                rollout = OmegaConf.create({**OmegaConf.to_container(rollout, resolve=True),
+                                            "static_decode": plan.hf_static_decode})
             # The HF engine samples from the rank's torch RNG (which checkpoints save); vLLM has its own seed, the
             # same on the ranks of one tensor-parallel group (they are one engine).
             seed = None if name == "hf" else rollout.seed + self.rank // rollout.tensor_model_parallel_size
@@ -371,12 +400,12 @@ class ActorRolloutRefWorker(Worker):
             written = gather_state_dict_into(self.actor_module, self.rollout.weight_targets(),
                                              dst=getattr(self.rollout, "push_destination", None))
             self.rollout.check_all_written(written)
-            return time.perf_counter() - start
+            return elapsed(start, self.device)
         items = full_state_dict_items(self.actor_module)
         if self._lora:  # the engine holds the base architecture: fold each adapter into its weight
             items = merge_lora_items(items, lora_scaling(self.actor_module))
         self.rollout.update_weights(items)
-        return time.perf_counter() - start
+        return elapsed(start, self.device)
 
     def _ensure_rollout_weights(self) -> None:
         """An engine that freed its weights while the actor trained (and got no push since) gets them back."""
@@ -407,7 +436,7 @@ class ActorRolloutRefWorker(Worker):
         output = self.rollout.run_in_tp_group(prompts, self._generate_for_group)
         if self.config.rollout.free_cache_engine:
             self.rollout.sleep()
-        seconds = time.perf_counter() - start
+        seconds = elapsed(start, self.device)
         tokens = int(output.batch["response_mask"].sum())
         metrics = output.meta_info.setdefault("metrics", {})
         metrics.update({"rollout/seconds": [seconds], "rollout/tokens_per_second": [tokens / seconds]})
@@ -473,7 +502,7 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         with optimizer_on_device(self.actor_optimizer, self._offload_optimizer):
             metrics = self.actor.update_policy(data)
-        metrics["perf/update_actor_seconds"] = [time.perf_counter() - start]
+        metrics["perf/update_actor_seconds"] = [elapsed(start, self.device)]
         metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
         self.actor_lr_scheduler.step()
         if self._is_rollout:
@@ -539,7 +568,7 @@ class CriticWorker(Worker):
         self.plan = plan
         self.device = device = plan.device
         self.seed = seed
-        self._offload_optimizer = device == "cuda" and bool(config.model.fsdp_config.get("optimizer_offload"))
+        self._offload_optimizer = offloads_optimizer_state(device, config.model.fsdp_config)
         import_external_libs(config.model.get("external_lib"))
         import_external_libs(plugins, key="trainer.plugins")
         start_rank(self, device, seed)
@@ -602,7 +631,7 @@ class CriticWorker(Worker):
         start = time.perf_counter()
         with optimizer_on_device(self.critic_optimizer, self._offload_optimizer):
             metrics = self.critic.update_critic(data)
-        metrics["perf/update_critic_seconds"] = [time.perf_counter() - start]
+        metrics["perf/update_critic_seconds"] = [elapsed(start, self.device)]
         metrics["critic/lr"] = [self.critic_lr_scheduler.get_last_lr()[0]]
         self.critic_lr_scheduler.step()
         return DataProto(meta_info={"metrics": metrics})

@@ -73,6 +73,7 @@ class RewardModelWorker(Worker):
     def __init__(self, config: DictConfig, plan: RunPlan, plugins: list[str] | None = None):
         super().__init__()
         self.config = copy.deepcopy(config)
+        self.plan = plan
         self.device = device = plan.device
         import_external_libs(config.model.get("external_lib"), key="reward_model.model.external_lib")
         import_external_libs(plugins, key="trainer.plugins")
@@ -143,7 +144,8 @@ class RewardModelWorker(Worker):
     def _rm_inputs(self, data: DataProto) -> tuple[list[list[int]], int]:
         """One id list per row, what the reward model reads, at most `max_length` long (a longer one loses its first
         tokens: the start of the prompt); returns the lists and how many were cut."""
-        input_ids, attention_mask = data.batch["input_ids"], data.batch["attention_mask"].bool()
+        # On the host: the loop reads them row by row (each read of a GPU tensor would be a sync).
+        input_ids, attention_mask = data.batch["input_ids"].cpu(), data.batch["attention_mask"].bool().cpu()
         prompt_len = data.batch["prompts"].shape[-1]
         max_length = self.config.max_length or input_ids.shape[-1]
         rows = []

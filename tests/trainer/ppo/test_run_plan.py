@@ -124,6 +124,20 @@ def test_engine_dtypes_and_remove_padding_come_from_one_place():
         validate_ppo_config(load_config(overrides=["critic.model.fsdp_config.model_dtype=int8"]))
 
 
+def test_the_hf_engines_copy_is_float32_on_cpu_and_rollout_dtype_on_cuda():
+    """On CPU the engine's log-probs may stand in for the actor's, so it keeps float32 whatever rollout.dtype says; on
+    CUDA it decodes in rollout.dtype as vLLM does (bf16 by default), auto meaning the actor's compute dtype."""
+    assert _plan().hf_engine_dtype == "float32"
+    assert _plan("actor_rollout_ref.rollout.dtype=float16").hf_engine_dtype == "float32"
+    assert _plan(device="cuda").hf_engine_dtype == "bfloat16"
+    assert _plan("actor_rollout_ref.rollout.dtype=half", device="cuda").hf_engine_dtype == "float16"
+    assert _plan("actor_rollout_ref.rollout.dtype=float32", device="cuda").hf_engine_dtype == "float32"
+    auto = ["actor_rollout_ref.rollout.dtype=auto", "actor_rollout_ref.actor.fsdp_config.dtype=fp16"]
+    assert _plan(*auto, device="cuda").hf_engine_dtype == "float16"
+    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.dtype=int8 is not a dtype the hf engine"):
+        _plan("actor_rollout_ref.rollout.dtype=int8", device="cuda")
+
+
 def test_hsdp_shard_groups_and_the_memory_levers_are_planned():
     two = ("trainer.n_gpus_per_node=2", "trainer.cpu_ranks_per_node=2")
     assert _plan(*two).actor_fsdp_size == 2  # -1: every rank in one shard group
@@ -215,3 +229,15 @@ def test_sequence_parallel_groups_are_planned_and_checked(tiny_model_dir):
                                           "num_attention_heads=2"):
         check_sequence_parallel_models(load_config(overrides=[
             f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4"]))
+
+
+def test_the_static_decode_loop_runs_on_cuda_unless_batches_vary():
+    """rollout.static_decode=null: the HF engine's static loop on CUDA, except under verl's async agent loops, which
+    hand the engine whatever requests are pending (a new shape nearly every call, each compiling its graph again);
+    an explicit setting wins. The workers hand the engine the plan's answer."""
+    hf, async_mode = "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=async"
+    assert _plan(hf, device="cuda").hf_static_decode is True
+    assert _plan(hf).hf_static_decode is False
+    assert _plan(hf, async_mode, device="cuda").hf_static_decode is False
+    assert _plan(hf, async_mode, "actor_rollout_ref.rollout.static_decode=true", device="cuda").hf_static_decode
+    assert _plan(hf, "actor_rollout_ref.rollout.static_decode=false", device="cuda").hf_static_decode is False

@@ -382,6 +382,32 @@ def test_the_static_loop_keeps_one_cache_shape_for_prompts_of_nearby_lengths(mod
     assert shapes[0] == shapes[1] == (len(PROMPTS), STATIC_PROMPT_BUCKET + 6)
 
 
+def test_a_runs_rollouts_share_one_cache_shape_and_validation_keeps_its_own(model):
+    """With the rollout config's prompt_length and response_length the static cache spans at least those, so the
+    rollouts of a run share one shape (on CUDA: one graph, compiled once) whatever their longest prompt and token
+    budget; a batch of another size (validation) gets a cache of its own, and the two are kept (STATIC_CACHES_KEPT)
+    so that alternating between them reuses both; a third shape evicts the least recently used."""
+    from verl.workers.rollout.hf_rollout import STATIC_CACHES_KEPT
+
+    config = {"static_decode": True, "prompt_length": 70, "response_length": 10}
+    eager = HFRollout(copy.deepcopy(model), TagTokenizer(), config={"static_decode": False})
+    static = HFRollout(copy.deepcopy(model), TagTokenizer(), config=config)
+    length = 128 + 10  # 70 prompt tokens bucketed to 128, and the whole response
+    longer = [p + p[-1:] * 3 for p in PROMPTS]
+    for prompts, tokens in ((PROMPTS, 6), (longer, 10), (PROMPTS, 3)):
+        params = SamplingParams(temperature=0.0, max_tokens=tokens)
+        assert _completions(static, params, prompts) == _completions(eager, params, prompts)
+        assert list(static._static_caches) == [(3, length)]
+    train = static._static_caches[(3, length)]
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    assert _completions(static, params, PROMPTS[:2]) == _completions(eager, params, PROMPTS[:2])  # validation
+    assert list(static._static_caches) == [(3, length), (2, length)] and STATIC_CACHES_KEPT == 2
+    static.generate(PROMPTS, params)
+    assert static._static_caches[(3, length)] is train  # the same cache, at the same addresses
+    static.generate(PROMPTS[:1], params)
+    assert list(static._static_caches) == [(3, length), (1, length)]
+
+
 def test_only_a_static_engine_on_cuda_keeps_its_weights_through_sleep(model):
     """weights_resident (the compiled graphs read the weights at fixed addresses) is CUDA's; a static engine on the
     CPU frees them like the eager one (tests/gpu/test_gpu_decode.py checks the CUDA side)."""

@@ -226,7 +226,11 @@ def _to_host(value):
 
 def device_door(fn):
     """Wrap a worker method: DataProto arguments to ``self.batch_device`` on entry, results to the CPU on exit, and on
-    CUDA the call's peak allocated memory into the returned DataProto's ``meta_info["metrics"]``."""
+    CUDA the call's peak allocated memory into the returned DataProto's ``meta_info["metrics"]``. A worker that shares
+    its GPU with another process of the rank (the critic's, the reward model's: `RunPlan.processes_per_rank`) hands
+    the memory its phase cached back to the driver after the call, so that the other process's phase can have it
+    (each process has its own caching allocator; the memory estimate counts a phase beside what the others hold,
+    not beside what they cached)."""
     if getattr(fn, "__wrapped_by_door__", False):
         return fn
     phase = MEMORY_PHASES.get(fn.__name__)
@@ -246,7 +250,10 @@ def device_door(fn):
         if measure and isinstance(result, DataProto):
             peak = torch.cuda.max_memory_allocated(device) / 1024**3
             result.meta_info.setdefault("metrics", {})[f"memory/max_allocated_gib/{phase}"] = [peak]
-        return _to_host(result)
+        result = _to_host(result)
+        if measure and getattr(getattr(self, "plan", None), "processes_per_rank", 1) > 1:
+            torch.cuda.empty_cache()
+        return result
 
     door.__wrapped_by_door__ = True
     return door

@@ -25,6 +25,15 @@ def cpu_threads_per_rank(node_cpus: float, ranks_on_node: int) -> int:
     return max(1, int(node_cpus) // max(1, ranks_on_node))
 
 
+def worker_threads(device: str, node_cpus: float, ranks_on_node: int, colocated: int) -> int:
+    """Torch's CPU threads in one worker process (OMP_NUM_THREADS; Ray would set 1 for an actor of one CPU). On CPU
+    a rank's share of the node's cores. On a GPU node the host-side work of a rank (the optimizer step with
+    param_offload, checkpoint copies, batch bookkeeping) gets its share too, split between the `colocated` worker
+    processes of the rank (actor, critic, reward model)."""
+    threads = cpu_threads_per_rank(node_cpus, ranks_on_node)
+    return threads if device == "cpu" else max(1, threads // max(1, colocated))
+
+
 class RayResourcePool:
     """``process_on_nodes[i]`` ranks on the i-th node: one placement group per node, one bundle per rank.
 
@@ -221,10 +230,10 @@ class RayWorkerGroup:
                     "MASTER_ADDR": master_addr,
                     "MASTER_PORT": str(master_port),
                 }
-                if self.device == "cpu":
-                    node = node_ids[rank]
-                    threads = cpu_threads_per_rank(node_cpus.get(node, 1), node_ids.count(node))
-                    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+                node = node_ids[rank]
+                threads = worker_threads(self.device, node_cpus.get(node, 1), node_ids.count(node),
+                                         pool.max_colocate_count)
+                env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
                 options = {
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
                         pg, placement_group_bundle_index=local_rank

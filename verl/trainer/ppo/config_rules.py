@@ -276,12 +276,13 @@ def _changed(cfg: DictConfig, keys) -> list[str]:
     return found
 
 
-def inert_keys_set(cfg: DictConfig, engine: str) -> list[str]:
+def inert_keys_set(cfg: DictConfig, engine: str, device: str = "cpu") -> list[str]:
     """The INERT_KEYS set away from their defaults, the vLLM-only rollout keys when the run's engine (the run
-    plan's `rollout_engine`) is another, and the verl 0.9 keys Quiver's tree lacks that an override added."""
+    plan's `rollout_engine`, on `device`) is another, and the verl 0.9 keys Quiver's tree lacks that an override
+    added. The HF engine reads rollout.dtype on CUDA (run_plan.hf_engine_dtype)."""
     keys = _changed(cfg, INERT_KEYS)
     if engine != "vllm":
-        read = ENGINE_KEYS.get(engine, ())
+        read = ENGINE_KEYS.get(engine, ()) + (("dtype",) if engine == "hf" and device == "cuda" else ())
         keys += _changed(cfg, [f"actor_rollout_ref.rollout.{key}" for key in VLLM_ONLY_KEYS if key not in read])
     return keys + list(verl_only_values(cfg))  # their types were checked when the config was composed
 
@@ -289,7 +290,7 @@ def inert_keys_set(cfg: DictConfig, engine: str) -> list[str]:
 def announce_inert_keys(cfg: DictConfig, engine: str, device: str = "cpu") -> list[str]:
     """Print one line per key set away from its default that does nothing in this run (whose rollout engine is
     `engine`, on `device`), and one when the engine named is not the one the run uses; returns the keys."""
-    keys = inert_keys_set(cfg, engine)
+    keys = inert_keys_set(cfg, engine, device)
     for key in keys:
         value = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
         shown = json.dumps(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
@@ -302,6 +303,8 @@ def announce_inert_keys(cfg: DictConfig, engine: str, device: str = "cpu") -> li
             readers = (f"{', '.join(names[:-1])} and {names[-1]} engines read" if len(names) > 1
                        else "vllm engine reads")
             reason = f"only the {readers} it, and this run's engine is {engine}"
+            if key.endswith(".dtype"):
+                reason += f" on {device} (the hf engine reads it on CUDA)"
         print(f"[config] {key}={shown} is accepted for verl scripts but does nothing in Quiver: {reason}")
     rollout = cfg.actor_rollout_ref.rollout
     why = engine_unavailable(rollout.name, device, rollout.tensor_model_parallel_size)

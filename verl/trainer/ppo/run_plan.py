@@ -60,7 +60,8 @@ SHARED_ENGINE_MIN_PARAMETERS = 50_000_000
 ONE_CPU_RANK_MIN_PARAMETERS = SHARED_ENGINE_MIN_PARAMETERS
 
 __all__ = ["ONE_CPU_RANK_MIN_PARAMETERS", "SHARED_ENGINE_MIN_PARAMETERS", "MicroBatches", "RunPlan", "UpdateBatches",
-           "micro_batches", "old_log_prob_source", "plan_run", "ranks_per_node", "share_cpu_engine"]
+           "hf_engine_dtype", "micro_batches", "old_log_prob_source", "plan_run", "ranks_per_node",
+           "share_cpu_engine"]
 
 
 def micro_batches(per_gpu, global_size, dynamic: bool, max_token_len: int, ranks: int, key: str,
@@ -180,6 +181,26 @@ def compute_dtype(device: str, fsdp_config, section: str) -> str:
     return COMPUTE_DTYPES[str(option(fsdp_config, "dtype", section))]
 
 
+# rollout.dtype's names (vLLM's among them) -> the HF engine's torch dtype; "auto" is the actor's compute dtype.
+ENGINE_DTYPES = {**COMPUTE_DTYPES, "half": "float16", "float": "float32"}
+
+
+def hf_engine_dtype(rollout, device: str, compute: str) -> str:
+    """The dtype the HF engine loads its copy of the model in: float32 on CPU, where the engine's log-probs are the
+    actor's up to rounding (so they may serve as the old log-probs; `old_log_prob_source`); on CUDA
+    `rollout.dtype` (bf16 by default; "auto" = the actor's compute dtype `compute`), as vLLM's: decoding reads every
+    weight and the KV cache once per token, so bf16 halves its cost, and the actor computes in bf16 there."""
+    if device != "cuda":
+        return "float32"
+    name = str(rollout.dtype)
+    if name == "auto":
+        return compute
+    if name not in ENGINE_DTYPES:
+        raise ConfigError(f"actor_rollout_ref.rollout.dtype={name} is not a dtype the hf engine can load; use one of "
+                          f"{', '.join(sorted(ENGINE_DTYPES))} or auto (the actor's compute dtype)")
+    return ENGINE_DTYPES[name]
+
+
 def fsdp_size(setting: int, ranks: int, key: str) -> int:
     """Ranks in one FSDP2 shard group: `fsdp_config.fsdp_size`, -1 (verl's default) or the rank count = every rank
     (plain FSDP); fewer = HSDP (shard inside each group, replicate across the groups)."""
@@ -257,7 +278,10 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
         async_branching=uses_async_agent(rollout) and rollout.beam_size > 1,
         share_cpu_engine=share_cpu_engine(rollout.share_cpu_engine, engine, device, trainer.nnodes, ranks,
                                           actor_parameters),
-        hf_static_decode=engine == "hf" and uses_static_decode(rollout.static_decode, device),
+        hf_static_decode=engine == "hf" and uses_static_decode(rollout.static_decode, device,
+                                                               varying_batches=uses_async_agent(rollout)),
+        hf_engine_dtype=hf_engine_dtype(rollout, device,
+                                        compute_dtype(device, actor.fsdp_config, "actor_rollout_ref.actor.fsdp_config")),
         old_log_prob_source=old_log_prob_source(config, engine, device),
         update_needs_entropy=build_actor_objective(actor).needs_entropy,
         use_reference_policy=bool(actor.use_kl_loss or algorithm.use_kl_in_reward),

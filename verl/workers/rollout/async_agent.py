@@ -457,7 +457,7 @@ class AgentLoopManager:
                              f"the rows name {sorted(set(names))} (agent_name column or {AGENT}.default_agent_loop)")
         classes = {name: agent_loop_class(name) for name in set(names)}
         if "raw_prompt_ids" not in columns:  # loops read the prompt's ids as a column
-            ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+            ids, mask = prompts.batch["input_ids"].cpu(), prompts.batch["attention_mask"].bool().cpu()  # one copy
             columns["raw_prompt_ids"] = [row[m].tolist() for row, m in zip(ids, mask)]
         sampling = {"temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
                     "top_k": params.top_k, "max_tokens": min(params.max_tokens, response_length)}

@@ -412,7 +412,8 @@ def _unpadded_prompts(prompts: DataProto) -> list[list[int]]:
     """The engine requests: `raw_prompt_ids` when the dataset kept them, else the prompt ids under the mask."""
     if "raw_prompt_ids" in prompts.non_tensor_batch:
         return [list(map(int, ids)) for ids in prompts.non_tensor_batch["raw_prompt_ids"]]
-    input_ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+    # On the host: the rows are read one by one (each read of a GPU tensor would be a sync).
+    input_ids, mask = prompts.batch["input_ids"].cpu(), prompts.batch["attention_mask"].bool().cpu()
     return [row[row_mask].tolist() for row, row_mask in zip(input_ids, mask)]
 
 

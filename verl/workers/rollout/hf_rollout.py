@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from verl.utils.torch_functional import (
+    STATIC_PROMPT_BUCKET,
     compute_position_id_with_mask,
     entropy_from_logits,
     logprobs_from_logits,
@@ -55,9 +56,10 @@ from verl.workers.rollout.base import (
 
 # The static loop asks whether every row is done once every this many steps (a host sync each time).
 STATIC_DONE_CHECK = 16
-# The static loop left-pads prompts to a multiple of this many tokens, so that batches whose longest prompts differ
-# by a few tokens share one KV-cache shape, hence one compiled CUDA graph (each new shape compiles again).
-STATIC_PROMPT_BUCKET = 64
+# The static loop keeps this many KV caches, one per batch shape: a run's rollouts and its validation each keep theirs
+# (and with it the addresses their CUDA graph was captured with: a new cache means recording the graph again, which
+# torch allows 128 times per graph before it stops using graphs).
+STATIC_CACHES_KEPT = 2
 # Why a row of the static loop finished, in _finished's order of precedence.
 _RUNNING, _EOS, _STOP_TOKEN, _LENGTH = 0, 1, 2, 3
 
@@ -107,10 +109,15 @@ class _Completion:
                                 self.top_log_probs)
 
 
-def uses_static_decode(static_decode: bool | None, device_type: str) -> bool:
-    """Whether the HF engine decodes with the static loop: `rollout.static_decode`, where null means on CUDA only.
-    The run plan (`RunPlan.hf_static_decode`, which the memory estimate reads) and the engine both ask this."""
-    return device_type == "cuda" if static_decode is None else bool(static_decode)
+def uses_static_decode(static_decode: bool | None, device_type: str, varying_batches: bool = False) -> bool:
+    """Whether the HF engine decodes with the static loop: `rollout.static_decode`, where null means on CUDA only,
+    and not for `varying_batches` (verl's async agent loops hand the engine whatever requests are pending, so nearly
+    every call would have a new shape, and each new shape compiles its graph again). The run plan decides it
+    (`RunPlan.hf_static_decode`, which the memory estimate reads) and the workers hand the engine its answer; an
+    engine built on its own asks this with its device."""
+    if static_decode is None:
+        return device_type == "cuda" and not varying_batches
+    return bool(static_decode)
 
 
 @register_rollout("hf")
@@ -144,7 +151,12 @@ class HFRollout(RolloutEngine):
         # between rollouts would re-record the graphs every step (and after torch's re-record limit, 128, run the
         # decode step uncompiled), so such an engine keeps them on the GPU and the push writes into them in place.
         self.weights_resident = self.static_decode and self.device.type == "cuda"
-        self._static_caches: dict[tuple[int, int], object] = {}  # (rows, length) -> a StaticCache kept for reuse
+        # (rows, length) -> a StaticCache kept for reuse, the most recently used last; at most STATIC_CACHES_KEPT.
+        self._static_caches: dict[tuple[int, int], object] = {}
+        # The static loop's cache spans at least these (rollout.prompt_length / response_length), so that a run's
+        # rollouts share one shape, hence one compiled graph, whatever their longest prompt.
+        self._prompt_length = int(config_value(config, "prompt_length", default=None) or 0)
+        self._response_length = int(config_value(config, "response_length", default=None) or 0)
         self._decode_step = self._decode_step_eager
         if self.static_decode and self.device.type == "cuda":
             # One CUDA graph per (rows, length): the static cache's tensors keep their addresses across calls.
@@ -225,6 +237,8 @@ class HFRollout(RolloutEngine):
         stop_window = self._stop_window(params)
         for _ in range(max(max_tokens)):
             tokens, log_probs, entropies, top = self._sample(logits, params)
+            # The step's results reach the host once, not once per row (each read of a CUDA tensor is a sync).
+            top_values, top_ids = (top.values.tolist(), top.indices.tolist()) if top is not None else (None, None)
             keep = []
             for j, (token, log_prob, entropy) in enumerate(
                 zip(tokens.tolist(), log_probs.tolist(), entropies.tolist())
@@ -234,7 +248,7 @@ class HFRollout(RolloutEngine):
                 completion.log_probs.append(log_prob)
                 completion.entropies.append(entropy)
                 if top is not None:
-                    completion.top_log_probs.append(self._top_entry(top, j, token, log_prob))
+                    completion.top_log_probs.append(self._top_entry(top_values[j], top_ids[j], token, log_prob))
                 if not self._finished(completion, params, stop_window, max_tokens[active[j]]):
                     keep.append(j)
             if not keep:
@@ -265,18 +279,22 @@ class HFRollout(RolloutEngine):
         from transformers import StaticCache
 
         rows, steps = len(requests), max(max_tokens)
-        prompt_len = -(-max(len(r) for r in requests) // STATIC_PROMPT_BUCKET) * STATIC_PROMPT_BUCKET
+        longest = max(self._prompt_length, *(len(r) for r in requests))
+        prompt_len = -(-longest // STATIC_PROMPT_BUCKET) * STATIC_PROMPT_BUCKET
+        length = prompt_len + max(steps, self._response_length)
         input_ids = pad_2d_list_to_tensor(requests, self.pad_token_id, prompt_len, left=True).to(self.device)
         prompt_mask = pad_2d_list_to_tensor([[1] * len(r) for r in requests], 0, prompt_len, left=True).to(self.device)
         # The whole attention mask, prompt and response, in one buffer: a decode step sets its column to 1.
-        mask = torch.zeros(rows, prompt_len + steps, dtype=prompt_mask.dtype, device=self.device)
+        mask = torch.zeros(rows, length, dtype=prompt_mask.dtype, device=self.device)
         mask[:, :prompt_len] = prompt_mask
-        cache = self._static_caches.get((rows, prompt_len + steps))
+        cache = self._static_caches.pop((rows, length), None)
         if cache is None:
-            cache = StaticCache(config=self.module.config, max_cache_len=prompt_len + steps)
-            self._static_caches = {(rows, prompt_len + steps): cache}  # one kept: a new shape replaces it
+            cache = StaticCache(config=self.module.config, max_cache_len=length)
+            while len(self._static_caches) >= STATIC_CACHES_KEPT:  # the least recently used goes
+                del self._static_caches[next(iter(self._static_caches))]
         else:
             cache.reset()
+        self._static_caches[(rows, length)] = cache
         position_ids = compute_position_id_with_mask(prompt_mask)
         logits = self.module(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                              past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
@@ -348,12 +366,10 @@ class HFRollout(RolloutEngine):
         return tokens, logprobs_from_logits(logits, tokens), entropy_from_logits(logits), top
 
     @staticmethod
-    def _top_entry(top, row: int, token: int, log_prob: float) -> list[float]:
-        """The top-k log-probs of one row, plus the sampled token's when it is not among them (as vLLM returns)."""
-        values = top.values[row].tolist()
-        if token not in top.indices[row].tolist():
-            values.append(log_prob)
-        return values
+    def _top_entry(values: list[float], ids: list[int], token: int, log_prob: float) -> list[float]:
+        """The top-k log-probs of one row (`values` of the tokens `ids`), plus the sampled token's when it is not among
+        them (as vLLM returns)."""
+        return values + [log_prob] if token not in ids else values
 
     # ---- stopping ---------------------------------------------------------------------------------------------
 
