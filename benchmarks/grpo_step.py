@@ -6,36 +6,41 @@
     .venv/bin/python benchmarks/grpo_step.py --preset qwen2.5-0.5b --kl-loss --side quiver   # + reference model
     .venv/bin/python benchmarks/grpo_step.py --layers 4 --hidden-size 256 --ranks 1 --out /tmp/r1.json
     python benchmarks/grpo_step.py --preset qwen2.5-0.5b-gpu     # one GPU, bf16: 16 prompts x 8 samples x 256 tokens
+    python benchmarks/grpo_step.py --preset qwen2.5-0.5b-gpu --model-dir /tmp/gpu_lane_a/qwen05b_shape  # reuse a model
 
 Both sides train the same model (random weights, built once into a temp dir: the tiny Qwen2 of
-`verl.demo.tiny_model`, or the shape of `--preset` / the shape flags) on the arithmetic train prompts, with the
-same GRPO step: `--prompts` prompts x `--n` samples at temperature 1, at most `--response-length` tokens each, the
-rule reward `default_compute_score("arithmetic", ...)`, group-normalised advantages (reward - mean) / std, PPO-clip
-at 0.2 with the token-mean loss (TRL's "dapo"), no KL term (beta = 0; `--kl-loss`: a frozen reference model and
-the k3 KL loss at 0.001 on both sides), one epoch and one optimizer step (AdamW, the same lr and weight decay,
-constant schedule, grad-norm clip 1.0) per batch, no gradient checkpointing, the HF rollout engine (TRL without
-vLLM). Each side runs its defaults otherwise (Quiver: `algorithm.rollout_correction.bypass_mode=auto`, so, as TRL, no
-separate old-log-prob pass for this on-policy update).
+`verl.demo.tiny_model`, or the shape of `--preset` / the shape flags; or `--model-dir`, a model of that shape built
+before, e.g. by the GPU suite) on the arithmetic train prompts, with the same GRPO step: `--prompts` prompts x `--n`
+samples at temperature 1, at most `--response-length` tokens each, the rule reward
+`default_compute_score("arithmetic", ...)`, group-normalised advantages (reward - mean) / std, PPO-clip at 0.2 with
+the token-mean loss (TRL's "dapo"), no KL term (beta = 0; `--kl-loss`: a frozen reference model and the k3 KL loss
+at 0.001 on both sides), one epoch and one optimizer step (AdamW, the same lr and weight decay, constant schedule,
+grad-norm clip 1.0) per batch, no gradient checkpointing, the HF rollout engine (TRL without vLLM). Each side runs
+its defaults otherwise (Quiver: `algorithm.rollout_correction.bypass_mode=auto`, so, as TRL, no separate
+old-log-prob pass for this on-policy update).
 
 `--device cpu` (the default): fp32, Quiver on its defaults (`--ranks` pins its CPU ranks; the engine is its own
 choice). `--device cuda` (`auto`: cuda when torch sees a GPU): both sides on one GPU in the same bf16 mixed
 precision -- float32 weights, gradients and AdamW state, matrix products in bfloat16 (Quiver: FSDP2's
 `MixedPrecisionPolicy` with `actor.fsdp_config.dtype=bfloat16`; TRL: `bf16=True`, accelerate's autocast, with the
-model loaded in float32). Quiver's HF engine decodes with its own float32 copy of the weights, TRL's `generate`
-under the same autocast. TRL takes the whole batch in one forward/backward unless `--trl-micro-batch` splits it
-(gradient accumulation, still one generation and one optimizer step per batch); Quiver sizes its micro-batches
-itself from its memory estimate.
+model loaded in float32). Quiver's HF engine decodes with its own bf16 copy of the weights (`rollout.dtype`, as
+vLLM's), TRL's `generate` under the same autocast. TRL takes the whole batch in one forward/backward unless
+`--trl-micro-batch` splits it (gradient accumulation, still one generation and one optimizer step per batch); Quiver
+sizes its micro-batches itself from its memory estimate.
 
 Each side runs in its own child process of this script, one after the other, so neither sees the other's threads,
-Ray workers or allocator. A step is timed from the start of generation to the end of the optimizer step (and, for
-Quiver, the weight push into the rollout engine); the first `--warmup` steps are dropped, and the ratio uses the
-median of the rest. The parent samples /proc every 0.25 s: the peak memory of each side's process tree (the sum of
-its processes' PSS, Ray workers included), and how many cores other processes kept busy meanwhile ("others"): on a
-shared machine a figure is only worth comparing when that is near 0. On CUDA each side also reports its peak GPU
-memory twice: torch's `max_memory_allocated` (TRL: in its process; Quiver: the largest `memory/max_allocated_gib/<phase>`
-its worker logged, over phases and steps -- one worker process per GPU holds actor, rollout engine and reference),
-and the largest `memory.used` nvidia-smi reported while the side ran (every 0.25 s; the CUDA context and the caching
-allocator's reserve included), less what was in use before it started.
+Ray workers or allocator. A side that fails is reported with its error (and the seconds of the steps it finished)
+and the other side still runs; the script then exits non-zero. Each side's summary is printed as soon as it ends,
+and `--out` is rewritten after each side, and on SIGINT with what there is by then. A step is timed from the start
+of generation to the end of the optimizer step (and, for Quiver, the weight push into the rollout engine); the first
+`--warmup` steps are dropped, and the ratio uses the median of the rest. The parent samples /proc every 0.25 s: the
+peak memory of each side's process tree (the sum of its processes' PSS, Ray workers included), and how many cores
+other processes kept busy meanwhile ("others"): on a shared machine a figure is only worth comparing when that is
+near 0. On CUDA each side also reports its peak GPU memory twice: torch's `max_memory_allocated` (TRL: in its
+process; Quiver: the largest `memory/max_allocated_gib/<phase>` its worker logged, over phases and steps -- one
+worker process per GPU holds actor, rollout engine and reference), and the largest `memory.used` nvidia-smi reported
+while the side ran (every 0.25 s; the CUDA context and the caching allocator's reserve included), less what was in
+use before it started.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 SIDES = ("quiver", "trl")
 # Quiver's phases in step order; "other" is the rest of the step (batch bookkeeping, balancing, Ray dispatch).
@@ -65,6 +71,11 @@ QUIVER_CUDA_PEAK_METRIC = "memory/max_allocated_gib/"
 # Model shape flags (argparse dest -> `build_tiny_model` argument); None keeps the tiny model's default.
 SHAPE_FLAGS = {"hidden_size": "hidden_size", "layers": "num_layers", "heads": "num_heads",
                "kv_heads": "num_kv_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
+# `build_tiny_model` argument -> the config.json key it sets (to check a `--model-dir` against the shape asked for).
+CONFIG_KEYS = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+               "num_kv_heads": "num_key_value_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size"}
+# Where the TRL child writes its step seconds after every step, so that a side cut short still reports them.
+TRL_STEPS_FILE = "trl_steps.json"
 # --preset: a real model's shape with random weights, and the job size (and device) measured at that shape (flags
 # given explicitly win over all three). The shapes are those of the models' config.json (both tie the embedding and
 # the LM head).
@@ -130,8 +141,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quiver-override", action="append", default=[], metavar="KEY=VALUE",
                         help="one more Hydra override for Quiver's side (repeatable), e.g. to measure a lever "
                              "A/B: --quiver-override actor_rollout_ref.rollout.share_cpu_engine=false")
+    parser.add_argument("--model-dir",
+                        help="an existing model directory (config, weights, tokenizer) of the shape asked for, used "
+                             "instead of building one, e.g. the GPU suite's 0.5B model for --preset qwen2.5-0.5b-gpu")
     parser.add_argument("--side", choices=("both", *SIDES), default="both", help="run one side only")
-    parser.add_argument("--out", help="write the results as JSON to this file")
+    parser.add_argument("--out", help="write the results as JSON to this file (after each side, and on SIGINT)")
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)  # set by the parent for its children
     parser.add_argument("--result", help=argparse.SUPPRESS)  # where a child writes its summary
     args = parser.parse_args(argv)
@@ -171,18 +185,43 @@ def model_shape(args: argparse.Namespace) -> dict[str, int]:
 
 
 def prepare_inputs(work_dir: str, args: argparse.Namespace) -> tuple[str, str]:
-    """Build the model (random weights, `args`' shape) and write the arithmetic task into `work_dir`; returns
-    (model_dir, data_dir)."""
+    """The model -- `--model-dir`, checked against `args`' shape, or one of that shape with random weights built into
+    `work_dir` -- and the arithmetic task written into `work_dir`; returns (model_dir, data_dir)."""
     from verl.demo.arithmetic import write_arithmetic_dataset
     from verl.demo.tiny_model import build_tiny_model
 
-    model_dir, data_dir = os.path.join(work_dir, "model"), os.path.join(work_dir, "data")
+    data_dir = os.path.join(work_dir, "data")
     seed = args.seed
-    if not os.path.exists(os.path.join(model_dir, "config.json")):
-        build_tiny_model(model_dir, seed=seed, **model_shape(args))
+    if args.model_dir:
+        model_dir = args.model_dir
+        check_model_dir(model_dir, args)
+    else:
+        model_dir = os.path.join(work_dir, "model")
+        if not os.path.exists(os.path.join(model_dir, "config.json")):
+            build_tiny_model(model_dir, seed=seed, **model_shape(args))
     if not os.path.exists(os.path.join(data_dir, "train.parquet")):
         write_arithmetic_dataset(data_dir, train_size=1024, test_size=64, seed=seed)
     return model_dir, data_dir
+
+
+def check_model_dir(model_dir: str, args: argparse.Namespace) -> None:
+    """Stop unless `model_dir` holds a model of the shape `args` ask for (the preset's or the flags', else the tiny
+    model's): the job and its figures are those of that shape."""
+    import inspect
+
+    from verl.demo.tiny_model import build_tiny_model
+
+    path = os.path.join(model_dir, "config.json")
+    if not os.path.exists(path):
+        raise SystemExit(f"--model-dir={model_dir}: no config.json there")
+    with open(path) as f:
+        config = json.load(f)
+    defaults = {name: p.default for name, p in inspect.signature(build_tiny_model).parameters.items()}
+    wanted = {arg: defaults[arg] for arg in CONFIG_KEYS} | model_shape(args)
+    wrong = [f"{CONFIG_KEYS[arg]} {config.get(CONFIG_KEYS[arg])} (wanted {value})" for arg, value in wanted.items()
+             if value is not None and config.get(CONFIG_KEYS[arg]) != value]
+    if wrong:
+        raise SystemExit(f"--model-dir={model_dir} is not of the shape asked for: {', '.join(wrong)}")
 
 
 def load_train_rows(data_dir: str) -> list[dict]:
@@ -380,6 +419,8 @@ def run_trl(args: argparse.Namespace, model_dir: str, data_dir: str) -> dict:
             sync()
             self.step_seconds.append(time.perf_counter() - self._start)
             self.phases.append({name: phase_seconds.get(name, 0.0) for name in TRL_PHASES})
+            print(f"[trl] step {len(self.step_seconds)}: {self.step_seconds[-1]:.2f} s", flush=True)
+            write_json(os.path.join(args.work_dir, TRL_STEPS_FILE), self.step_seconds)
 
     def arithmetic_reward(completions, ground_truth, completion_ids, **_):
         response_lengths.extend(len(ids) for ids in completion_ids)
@@ -530,9 +571,10 @@ class GpuMemorySampler(threading.Thread):
 
 
 def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25, gpu: bool = False) -> dict:
-    """Run `command`; return how many cores other processes kept busy meanwhile ("others", on average) and the
-    peak memory of the command's whole process tree (Ray's daemons and workers included) and of the machine; with
-    `gpu`, also nvidia-smi's peak memory.used above what was in use before the start (`GpuMemorySampler`).
+    """Run `command`; return its `returncode`, how many cores other processes kept busy meanwhile ("others", on
+    average) and the peak memory of the command's whole process tree (Ray's daemons and workers included) and of the
+    machine; with `gpu`, also nvidia-smi's peak memory.used above what was in use before the start
+    (`GpuMemorySampler`). Interrupted (KeyboardInterrupt), it stops the command before it lets the interrupt go on.
 
     Other people's jobs on the same cores slow either side down (TRL's two torch threads most of all), so each
     result carries the "others" figure: trust a comparison only when it is near 0 for both sides. The child's process
@@ -547,39 +589,97 @@ def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25, gpu
     child = subprocess.Popen(command, env=env)
     own_ticks: dict[int, int] = {}
     busy, wall, peak_tree, peak_machine = start_busy, 0.0, 0, 0
-    while child.poll() is None:
-        busy, processes = _proc_ticks()
-        wall = time.perf_counter() - start
-        tree, grown = {child.pid}, True
-        while grown:
-            before = len(tree)
-            tree |= {pid for pid, (ppid, _) in processes.items() if ppid in tree}
-            grown = len(tree) > before
-        own_ticks.update({pid: processes[pid][1] for pid in tree if pid in processes})
-        peak_tree = max(peak_tree, sum(_pss_bytes(pid) for pid in tree))
-        peak_machine = max(peak_machine, _machine_used_bytes())
-        time.sleep(interval_s)
-    gpu_figures = sampler.stop() if sampler is not None else {}
-    if child.returncode:
-        raise subprocess.CalledProcessError(child.returncode, command)
+    try:
+        while child.poll() is None:
+            busy, processes = _proc_ticks()
+            wall = time.perf_counter() - start
+            tree, grown = {child.pid}, True
+            while grown:
+                before = len(tree)
+                tree |= {pid for pid, (ppid, _) in processes.items() if ppid in tree}
+                grown = len(tree) > before
+            own_ticks.update({pid: processes[pid][1] for pid in tree if pid in processes})
+            peak_tree = max(peak_tree, sum(_pss_bytes(pid) for pid in tree))
+            peak_machine = max(peak_machine, _machine_used_bytes())
+            time.sleep(interval_s)
+    finally:
+        if child.poll() is None:  # interrupted: the child has had SIGINT too where it shares our process group
+            child.terminate()
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        gpu_figures = sampler.stop() if sampler is not None else {}
     foreign_ticks = busy - start_busy - sum(own_ticks.values())  # up to the last sample
-    return {"foreign_cpu_cores": max(0.0, foreign_ticks / os.sysconf("SC_CLK_TCK") / max(wall, 1e-9)),
+    return {"returncode": child.returncode,
+            "foreign_cpu_cores": max(0.0, foreign_ticks / os.sysconf("SC_CLK_TCK") / max(wall, 1e-9)),
             "peak_tree_gb": peak_tree / 2**30, "peak_machine_gb": peak_machine / 2**30, **gpu_figures}
 
 
+def run_child(command: list[str], env: dict, result: str, gpu: bool = False) -> dict:
+    """Run one child of a benchmark that writes its summary as JSON to `result` (`run_as_child`), measured by
+    `run_and_measure`: its summary with those figures; a child that failed gives {"error": ...} with them instead, so
+    that the benchmark goes on with its next child."""
+    measured = run_and_measure(command, env, gpu=gpu)
+    returncode = measured.pop("returncode")
+    summary = {}
+    if os.path.exists(result):
+        with open(result) as f:
+            summary = json.load(f)
+    if returncode or not summary or "error" in summary:
+        summary = {"error": summary.get("error") or f"the child exited with {returncode} and no summary"}
+    return {**summary, **measured}
+
+
+def run_as_child(result: str, work: Callable[[], dict]) -> int:
+    """A child's whole run: `work()`'s summary to `result` as JSON; if it raises, its error instead (one line, for the
+    parent's report), and the exception goes on (the traceback in the log, a non-zero exit)."""
+    try:
+        summary = work()
+    except Exception as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        write_json(result, {"error": f"{type(err).__name__}: {lines[-1] if lines else ''}"})
+        raise
+    write_json(result, summary)
+    return 0
+
+
+def write_json(path: str, data) -> None:
+    """`data` to `path` as JSON, replacing the file whole (a reader never sees half of it)."""
+    partial = f"{path}.partial"
+    with open(partial, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(partial, path)
+
+
 def run_side_in_child(side: str, args: argparse.Namespace, argv: list[str]) -> dict:
-    """Run one side in a fresh Python process and read back its summary."""
+    """Run one side in a fresh Python process and read back its summary; a side that failed gives its error, what
+    the parent measured and the seconds of the steps it finished (`steps_so_far`)."""
     result = os.path.join(args.work_dir, f"{side}.json")
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.pop("RAY_ADDRESS", None)
     command = [sys.executable, os.path.abspath(__file__), *argv, "--side", side, "--work-dir", args.work_dir,
                "--result", result]
     print(f"\n=== {side} ===", flush=True)
-    measured = run_and_measure(command, env, gpu=args.device == "cuda")
-    with open(result) as f:
-        summary = json.load(f)
-    summary.update(measured)
+    summary = run_child(command, env, result, gpu=args.device == "cuda")
+    if "error" in summary:
+        summary["all_step_seconds"] = steps_so_far(side, args.work_dir)
     return summary
+
+
+def steps_so_far(side: str, work_dir: str) -> list[float]:
+    """The seconds of each step a side finished, read from what it leaves while it runs: Quiver's metrics.jsonl
+    (`timing_s/step`), TRL's TRL_STEPS_FILE."""
+    if side == "quiver":
+        from verl.utils.tracking import METRICS_FILE, read_metrics
+
+        path = os.path.join(work_dir, "checkpoints", METRICS_FILE)
+        return [r["timing_s/step"] for r in read_metrics(path) if "timing_s/step" in r] if os.path.exists(path) else []
+    path = os.path.join(work_dir, TRL_STEPS_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)
 
 
 def strip_side_flags(argv: list[str]) -> list[str]:
@@ -597,12 +697,27 @@ def strip_side_flags(argv: list[str]) -> list[str]:
     return kept
 
 
+def print_side(side: str, r: dict) -> None:
+    """One side's summary line, as soon as it ends."""
+    if "error" in r:
+        done = ", ".join(f"{s:.2f}" for s in r.get("all_step_seconds", []))
+        print(f"\n[{side}] FAILED: {r['error']}; seconds of the steps it finished: {done or 'none'}", flush=True)
+        return
+    gpu = f", GPU allocated {r['cuda_max_allocated_gib']:.2f} GiB" if r.get("cuda_max_allocated_gib") else ""
+    print(f"\n[{side}] {r['s_per_step']:.3f} s/step (median {r['median_s']:.3f}, {r['steps_timed']} timed), mean "
+          f"response {r['mean_response_length']:.1f} tokens, others {r['foreign_cpu_cores']:.2f}{gpu}", flush=True)
+
+
 def print_report(args: argparse.Namespace, results: dict[str, dict]) -> None:
+    failed = {side: r for side, r in results.items() if "error" in r}
+    results = {side: r for side, r in results.items() if side not in failed}
     shape = ", ".join(f"{flag} {value}" for flag, value in model_shape(args).items()) or "the tiny default"
     where = f"{os.cpu_count()} CPU cores, fp32" if args.device == "cpu" else \
         f"{', '.join(nvidia_smi('name') or ['CUDA'])}, bf16 mixed precision, {os.cpu_count()} CPU cores"
     print(f"\nGRPO step, model shape: {shape}; {args.prompts} prompts x {args.n} samples x {args.response_length} "
           f"tokens, lr {args.lr:g}, {args.steps} steps per side ({args.warmup} warm-up dropped), {where}")
+    for side, r in failed.items():
+        print(f"{side}: FAILED ({r['error']})")
     print(f"{'side':<24}{'s/step':>8}{'median':>8}{'min':>8}{'max':>8}{'resp len':>10}{'others':>8}"
           f"{'peak GB':>9}{'machine':>9}")
     for side, r in results.items():
@@ -666,27 +781,43 @@ def main(argv: list[str] | None = None) -> int:
     run_side = {"quiver": run_quiver, "trl": run_trl}
     if args.result:  # a child: one side, inputs already built by the parent
         model_dir, data_dir = prepare_inputs(args.work_dir, args)
-        summary = run_side[args.side](args, model_dir, data_dir)
-        with open(args.result, "w") as f:
-            json.dump(summary, f)
-        return 0
+        return run_as_child(args.result, lambda: run_side[args.side](args, model_dir, data_dir))
 
+    header = {"date": time.strftime("%Y-%m-%d"), "cpu_cores": os.cpu_count(), "gpus": nvidia_smi("name") or [],
+               "settings": {k: v for k, v in vars(args).items() if k not in ("work_dir", "result", "out")}}
+    sides = SIDES if args.side == "both" else (args.side,)
+    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="grpo_step_") as work_dir:
         args.work_dir = work_dir
-        prepare_inputs(work_dir, args)
-        sides = SIDES if args.side == "both" else (args.side,)
-        results = {side: run_side_in_child(side, args, strip_side_flags(argv)) for side in sides}
+        side = None
+        try:
+            prepare_inputs(work_dir, args)
+            for side in sides:
+                results[side] = run_side_in_child(side, args, strip_side_flags(argv))
+                print_side(side, results[side])
+                write_results(args, header, results, "running")
+        except KeyboardInterrupt:
+            if side is not None and side not in results:
+                results[side] = {"error": "interrupted (SIGINT) before it ended",
+                                 "all_step_seconds": steps_so_far(side, work_dir)}
+            write_results(args, header, results, "interrupted")
+            print_report(args, results)
+            return 130
+    write_results(args, header, results, "finished")
     print_report(args, results)
-    if args.out:
-        report = {"date": time.strftime("%Y-%m-%d"), "cpu_cores": os.cpu_count(), "gpus": nvidia_smi("name") or [],
-                  "settings": {k: v for k, v in vars(args).items() if k not in ("work_dir", "result", "out")},
-                  "results": results}
-        if len(results) == 2:
-            report["ratio_trl_over_quiver_median"] = speed_ratio(results, "median_s")
-            report["ratio_trl_over_quiver_mean"] = speed_ratio(results, "s_per_step")
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-    return 0
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+def write_results(args: argparse.Namespace, header: dict, results: dict[str, dict], state: str) -> None:
+    """The results so far to `--out` (if given) after `header` (date, machine, settings); `state`: running (more sides
+    to come), finished or interrupted."""
+    if not args.out:
+        return
+    report = {**header, "state": state, "results": results}
+    if all(side in results and "error" not in results[side] for side in SIDES):
+        report["ratio_trl_over_quiver_median"] = speed_ratio(results, "median_s")
+        report["ratio_trl_over_quiver_mean"] = speed_ratio(results, "s_per_step")
+    write_json(args.out, report)
 
 
 if __name__ == "__main__":

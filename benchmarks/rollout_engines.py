@@ -34,21 +34,32 @@ nvidia-smi's peak `memory.used` above what was in use before the child started (
 Each engine runs in its own child process of this script, one after the other (vLLM starts its engine in the
 process that calls it, and changes process-wide torch settings). The parent prints the results, their ratios to
 the HF engine, each child's peak memory (PSS of its process tree) and how many cores other processes kept busy
-meanwhile ("others"); compare only runs where that is near 0.
+meanwhile ("others"); compare only runs where that is near 0. An engine whose child fails is reported with its error
+and the next one still runs (the script then exits non-zero); each engine's line is printed as soon as it ends, and
+`--out` is rewritten after each engine, and on SIGINT with what there is by then.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
 
-from grpo_step import DEVICES, QWEN25_05B, QWEN25_15B, SHAPE_FLAGS, model_shape, resolve_device, run_and_measure
+from grpo_step import (
+    DEVICES,
+    QWEN25_05B,
+    QWEN25_15B,
+    SHAPE_FLAGS,
+    model_shape,
+    resolve_device,
+    run_as_child,
+    run_child,
+    write_json,
+)
 
 ENGINES = ("hf", "generate", "vllm")
 DTYPES = ("float32", "bfloat16")
@@ -242,26 +253,52 @@ def run_generate(args: argparse.Namespace) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.engine:
-        with open(args.result, "w") as f:
-            json.dump(run_engine(args), f)
-        return 0
+        return run_as_child(args.result, lambda: run_engine(args))
     from verl.demo.tiny_model import build_tiny_model
 
+    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")
-        build_tiny_model(model_dir, **model_shape(args))
-        results = {}
-        for engine in args.engines:
-            result_path = os.path.join(tmp, f"{engine}.json")
-            child = [sys.executable, __file__, "--engine", engine, "--model", model_dir, "--result", result_path]
-            for key in ("prompts", "n", "response_length", "repeats", "threads", "dtype", "device"):
-                child += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-            measured = run_and_measure(child, dict(os.environ, TOKENIZERS_PARALLELISM="false"),
-                                       gpu=args.device == "cuda")
-            with open(result_path) as f:
-                results[engine] = {**json.load(f), "others": measured["foreign_cpu_cores"],
-                                   "peak_gb": measured["peak_tree_gb"],
-                                   "gpu_used_peak_gib": measured.get("gpu_used_peak_gib")}
+        engine = None
+        try:
+            build_tiny_model(model_dir, **model_shape(args))
+            for engine in args.engines:
+                result_path = os.path.join(tmp, f"{engine}.json")
+                child = [sys.executable, __file__, "--engine", engine, "--model", model_dir, "--result", result_path]
+                for key in ("prompts", "n", "response_length", "repeats", "threads", "dtype", "device"):
+                    child += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+                r = run_child(child, dict(os.environ, TOKENIZERS_PARALLELISM="false"), result_path,
+                              gpu=args.device == "cuda")
+                r["others"], r["peak_gb"] = r.pop("foreign_cpu_cores"), r.pop("peak_tree_gb")
+                results[engine] = r = {"engine": engine, **r}
+                outcome = f"FAILED: {r['error']}" if "error" in r else f"{r['tokens_per_second']:,.0f} tokens/s"
+                print(f"[{engine}] {outcome}, others {r['others']:.2f}", flush=True)
+                write_results(args, results, "running")
+        except KeyboardInterrupt:
+            if engine is not None and engine not in results:
+                results[engine] = {"engine": engine, "error": "interrupted (SIGINT) before it ended"}
+            write_results(args, results, "interrupted")
+            print_results(args, results)
+            return 130
+    write_results(args, results, "finished")
+    print_results(args, results)
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+def write_results(args: argparse.Namespace, results: dict[str, dict], state: str) -> None:
+    """The results so far to `--out` (if given); `state`: running (more engines to come), finished or interrupted."""
+    if args.out:
+        write_json(args.out, {"args": vars(args), "state": state, "results": results})
+
+
+def print_results(args: argparse.Namespace, results: dict[str, dict]) -> None:
+    """The table of the engines that ran, their ratios to the HF engine, and the engines that failed."""
+    for name, r in results.items():
+        if "error" in r:
+            print(f"{name}: FAILED ({r['error']})")
+    results = {name: r for name, r in results.items() if "error" not in r}
+    if not results:
+        return
     first = next(iter(results.values()))
     shape = ", ".join(f"{flag.replace('_', ' ')} {getattr(args, flag)}" for flag in SHAPE_FLAGS
                       if getattr(args, flag) is not None)
@@ -275,7 +312,7 @@ def main(argv=None) -> int:
         push = "-" if r["push_seconds"] is None else f"{r['push_seconds']:.3f}"
         gpu = ""
         if on_cuda:
-            smi = r["gpu_used_peak_gib"]
+            smi = r.get("gpu_used_peak_gib")
             gpu = f"{r['cuda_max_allocated_gib']:>10.2f}" + (f"{smi:>9.2f}" if smi is not None else f"{'-':>9}")
         print(f"{name:<10}{r['tokens_per_second']:>12,.0f}{push:>10}{r['startup_seconds']:>10.1f}"
               f"{r['peak_gb']:>9.2f}{r['others']:>8.2f}{gpu}")
@@ -293,10 +330,6 @@ def main(argv=None) -> int:
     if "vllm" in results and args.dtype != "float32" and not on_cuda:
         print(f"note: vLLM got rollout.dtype={args.dtype} but VLLMRollout runs float32 on CPU regardless; its row "
               f"is float32 (the {args.dtype} weights are cast on push)")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=2)
-    return 0
 
 
 if __name__ == "__main__":

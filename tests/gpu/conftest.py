@@ -5,8 +5,9 @@ QUIVER_GPU_SUITE_DEVICE=cpu asks for the CPU emulation; `@pytest.mark.needs(...)
 (gpu_suite.REQUIREMENTS). Runs that several tests read (the tiny GRPO run, the 0.5B-shape run) happen once per session.
 
 Each test records its figures (s/step, peak memory, ...) with the `figures` fixture; with GPU_REPORT set (as
-scripts/test_gpu.sh sets it), the session ends by writing them, with every test's outcome, to GPU_REPORT (markdown)
-and the same path with .json.
+scripts/test_gpu.sh sets it), they go with every selected test's outcome to GPU_REPORT (markdown) and the same path
+with .json, written again after every test, so that a session killed outright (a lane of scripts/gpu_check.sh past its
+deadline) still leaves what ran; the session's end marks the report finished.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from gpu_suite import DIGIT_REWARD, REPO, grpo_tiny_overrides, launch, skip_reas
 HERE = Path(__file__).resolve().parent
 RESULTS: dict[str, dict] = {}  # test node id -> outcome, reason and the figures the test recorded
 SUITE: dict[str, str] = {}  # "prefix": the node-id prefix of this suite's tests (relative to the rootdir)
+REPORT: dict = {}  # "path": GPU_REPORT (None: no report); "header": the machine, taken once
+QWEN05B_DIR = "qwen05b_shape"  # under the session's basetemp; scripts/gpu_check.sh reads lane A's
 QWEN05B_SHAPE = ["--hidden_size", "896", "--num_layers", "24", "--num_heads", "14", "--num_kv_heads", "2",
                  "--intermediate_size", "4864", "--vocab_size", "151936"]
 
@@ -33,6 +36,9 @@ QWEN05B_SHAPE = ["--hidden_size", "896", "--num_layers", "24", "--num_heads", "1
 def pytest_configure(config):
     SUITE["prefix"] = f"{HERE.relative_to(config.rootpath).as_posix()}/" if HERE.is_relative_to(config.rootpath) else ""
     config.addinivalue_line("markers", "needs(*names): what a GPU-suite test needs besides CUDA (gpu_suite.REQUIREMENTS)")
+    target = os.environ.get("GPU_REPORT")
+    # xdist workers leave the report to the controller.
+    REPORT["path"] = Path(target) if target and not hasattr(config, "workerinput") else None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,14 +61,23 @@ def grpo_tiny_run(tiny_model_dir, arithmetic_data_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_run(tiny_model_dir, arithmetic_data_dir, tmp_path_factory):
     """`tiny_run(name, *overrides, steps=3)`: a tiny-shape run with these extra overrides, run once per session and
-    name (tests that compare runs share them)."""
-    done = {}
+    name (tests that compare runs share them). A run that failed is not launched again: the later tests that ask for
+    it fail at once, naming the first failure (on a GPU machine each run costs about a minute)."""
+    done: dict[str, object] = {}  # name -> its Run, or what its launch raised
 
     def run(name: str, *extra: str, steps: int = 3):
         if name not in done:
             work = tmp_path_factory.mktemp(name)
-            done[name] = launch(name, tiny_overrides(tiny_model_dir, arithmetic_data_dir, work / "run", *extra,
-                                                     steps=steps), work)
+            try:
+                done[name] = launch(name, tiny_overrides(tiny_model_dir, arithmetic_data_dir, work / "run", *extra,
+                                                         steps=steps), work)
+            except (Exception, pytest.fail.Exception) as err:
+                done[name] = err
+                raise
+        if isinstance(done[name], BaseException):
+            first = (str(done[name]).strip() or repr(done[name])).splitlines()[0]
+            pytest.fail(f"{name} failed earlier in this session (the first test that asked for it has the whole "
+                        f"error), not run again: {first}", pytrace=False)
         return done[name]
 
     return run
@@ -70,10 +85,15 @@ def tiny_run(tiny_model_dir, arithmetic_data_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def qwen05b_dir(tmp_path_factory):
-    """A randomly initialised model of Qwen2.5-0.5B's shape (494M parameters) with the demo tokenizer."""
-    out = tmp_path_factory.mktemp("qwen05b_shape")
-    subprocess.run([sys.executable, str(REPO / "tools" / "make_tiny_model.py"), "--output_dir", str(out),
+    """A randomly initialised model of Qwen2.5-0.5B's shape (494M parameters, seed 0) with the demo tokenizer, at
+    <basetemp>/qwen05b_shape: scripts/gpu_check.sh hands lane A's to the GRPO benchmark (`--model-dir`), which would
+    build the same model. It is built under another name and renamed when whole, so a directory of that name is
+    complete."""
+    out = tmp_path_factory.getbasetemp() / QWEN05B_DIR
+    building = tmp_path_factory.mktemp(f"{QWEN05B_DIR}_building")
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_tiny_model.py"), "--output_dir", str(building),
                     *QWEN05B_SHAPE], check=True, cwd=REPO)
+    building.rename(out)
     return str(out)
 
 
@@ -123,8 +143,26 @@ def figures(request) -> dict:
     return RESULTS.setdefault(request.node.nodeid, {})
 
 
+def _in_suite(nodeid: str) -> bool:
+    return bool(SUITE.get("prefix")) and nodeid.startswith(SUITE["prefix"])
+
+
+def pytest_collection_finish(session):
+    """Every selected test of the suite is in the report from the start, "not run" until it runs."""
+    for item in session.items:
+        if _in_suite(item.nodeid):
+            RESULTS.setdefault(item.nodeid, {})
+    _write_report(finished=False)
+
+
+def pytest_runtest_logstart(nodeid):
+    if _in_suite(nodeid):
+        RESULTS.setdefault(nodeid, {})["outcome"] = "running"
+        _write_report(finished=False)
+
+
 def pytest_runtest_logreport(report):
-    if not SUITE.get("prefix") or not report.nodeid.startswith(SUITE["prefix"]):
+    if not _in_suite(report.nodeid):
         return
     entry = RESULTS.setdefault(report.nodeid, {})
     if report.skipped:
@@ -136,18 +174,35 @@ def pytest_runtest_logreport(report):
         entry.update(outcome="failed" if report.when == "call" else "error", reason=message.strip().splitlines()[0])
     elif report.when == "call":
         entry["outcome"] = "passed"
+    _write_report(finished=False)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    target = os.environ.get("GPU_REPORT")
-    if not target or hasattr(session.config, "workerinput"):  # xdist workers leave the report to the controller
-        return
-    path = Path(target)
+    for entry in RESULTS.values():
+        if entry.get("outcome") == "running":  # pytest was interrupted (SIGINT) inside this test
+            entry["outcome"] = "interrupted"
+    if _write_report(finished=True):
+        path = REPORT["path"]
+        print(f"\n[gpu suite] report: {path} (and {path.with_suffix('.json').name})")
+
+
+def _write_report(finished: bool) -> bool:
+    """RESULTS to GPU_REPORT (markdown) and its .json, each replaced whole; `finished`: the session has ended (a
+    report left unfinished comes from a session killed before its end). False where there is no report to write."""
+    path = REPORT.get("path")
+    if path is None:
+        return False
+    if "header" not in REPORT:
+        REPORT["header"] = _machine()
+    header = {**REPORT["header"], "finished": finished}
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = _machine()
-    path.with_suffix(".json").write_text(json.dumps({**header, "tests": RESULTS}, indent=2, default=str) + "\n")
-    path.write_text(_markdown(header, RESULTS))
-    print(f"\n[gpu suite] report: {path} (and {path.with_suffix('.json').name})")
+    for target, text in ((path.with_suffix(".json"),
+                          json.dumps({**header, "tests": RESULTS}, indent=2, default=str) + "\n"),
+                         (path, _markdown(header, RESULTS))):
+        partial = target.with_name(f".{target.name}.partial")
+        partial.write_text(text)
+        os.replace(partial, target)
+    return True
 
 
 def _version(package: str) -> str:
@@ -194,6 +249,8 @@ def _markdown(header: dict, results: dict) -> str:
         f"{header['device']}; torch {header['torch']}, transformers {header['transformers']}, vLLM {header['vllm']}; "
         f"commit {header['commit']}",
         "",
+        *([] if header["finished"] else ["*Written after each test: this session had not ended (still running, or "
+                                         "killed) when it was last written.*", ""]),
         "**" + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) + "**",
         "",
         "| test | result | s/step | peak GiB | notes |",

@@ -253,8 +253,9 @@ def launch(name: str, overrides: list[str], workdir: Path, stop_when: Callable[[
     return run
 
 
-def _kill_group(proc: subprocess.Popen, wait_s: float = 60) -> None:
-    """SIGKILL the run's process group and wait until none of its processes is left (their GPU memory is free then)."""
+def _kill_group(proc: subprocess.Popen, wait_s: float = 20) -> None:
+    """SIGKILL the run's process group and wait until none of its processes is left (their GPU memory is free then),
+    at most `wait_s`: less than the 30 s scripts/gpu_check.sh gives an interrupted lane before it kills pytest too."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

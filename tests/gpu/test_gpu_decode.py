@@ -65,7 +65,8 @@ def test_static_decode_on_cuda_gives_the_eager_greedy_tokens_and_exact_log_probs
     same = sum(a.token_ids == b.token_ids for a, b in zip(got, expected))
     figures.update(eager_ms_per_token=1000 * eager_s / TOKENS, static_ms_per_token=1000 * static_s / TOKENS,
                    speedup=eager_s / static_s, identical_rows=f"{same}/{ROWS}")
-    # Both float32; a compiled kernel may round differently, which can flip a near-tie: allow one row in 16.
+    # Both engines run this test's float32 model; a compiled kernel may round differently, which can flip a
+    # near-tie: allow one row in 16.
     assert same >= ROWS - ROWS // 16
 
     sampled, _ = _generate(static, prompts, SamplingParams(temperature=1.0, max_tokens=32))
@@ -77,12 +78,25 @@ def test_static_decode_on_cuda_gives_the_eager_greedy_tokens_and_exact_log_probs
             torch.testing.assert_close(torch.tensor(completion.log_probs), expected_lp, atol=1e-3, rtol=0)
 
 
+def _cudagraph_counts() -> dict[str, int]:
+    """cudagraph trees' counters (torch._dynamo.utils.counters["inductor"]; torch 2.11's
+    torch/_inductor/cudagraph_trees.py and cudagraph_utils.py). A recorded graph -- a re-recording too -- adds its
+    non-static inputs (this decode step has three: tokens, mask, positions) to cudagraph_recorded_non_static_inputs; a
+    call run without its graph (past the re-recording limit, an input mutated outside the graph, ...) adds 1 to
+    cudagraph_skips."""
+    from torch._dynamo.utils import counters
+
+    return {name: counters["inductor"][name] for name in ("cudagraph_recorded_non_static_inputs", "cudagraph_skips")}
+
+
 @pytest.mark.needs("cuda")
 def test_pushed_weights_reach_the_graph_without_re_recording(figures):
-    """The trainer's cycle on a static engine (`weights_follow`, free_cache_engine): generate, sleep while the actor
-    trains, take the pushed weights, generate again. The weights stay at the addresses the graph was captured with
-    (no re-recording, which torch caps at 128 per graph), and the second rollout samples from the new weights: its
-    greedy tokens are those of a fresh engine built on them."""
+    """The trainer's cycle on a static engine (`weights_follow`, free_cache_engine): a rollout, a validation (another
+    batch shape: the engine keeps its own KV cache, STATIC_CACHES_KEPT = 2), sleep while the actor trains, take the
+    pushed weights, the next rollout. The weights stay at the addresses the graph was captured with and the rollout's
+    cache is still there, so the next rollout replays the graph it recorded: no re-recording (torch caps them at 128
+    per graph, then runs without one) and no call without a graph (cudagraph trees' counters). It samples from the
+    new weights: its greedy tokens are those of a fresh engine built on them."""
     import torch
 
     from verl.workers.rollout.base import SamplingParams
@@ -90,10 +104,16 @@ def test_pushed_weights_reach_the_graph_without_re_recording(figures):
 
     model = _model()
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+    validation = [[15, 16, 17], [18, 19, 20, 21], [22, 23]]
     greedy = SamplingParams(temperature=0.0, max_tokens=24)
     engine = HFRollout(copy.deepcopy(model), _Tokenizer(), device="cuda", weights_follow=True)
     assert engine.weights_resident
+    start = _cudagraph_counts()
     _generate(engine, prompts, greedy)
+    recorded = _cudagraph_counts()
+    assert recorded["cudagraph_recorded_non_static_inputs"] > start["cudagraph_recorded_non_static_inputs"], (
+        f"the first rollout recorded no CUDA graph by torch's counters {recorded}: has torch renamed them?")
+    _generate(engine, validation, greedy)
     addresses = [p.data_ptr() for p in engine.module.parameters()]
     engine.sleep()
     trained = copy.deepcopy(model)
@@ -102,8 +122,16 @@ def test_pushed_weights_reach_the_graph_without_re_recording(figures):
             param.mul_(1.5)
     engine.update_weights(trained.state_dict().items())
     engine.wake_up()
+    before = _cudagraph_counts()
     got, _ = _generate(engine, prompts, greedy)
+    after = _cudagraph_counts()
+    figures.update(recorded_inputs_delta=after["cudagraph_recorded_non_static_inputs"]
+                   - before["cudagraph_recorded_non_static_inputs"],
+                   skips=after["cudagraph_skips"] - start["cudagraph_skips"])
     assert [p.data_ptr() for p in engine.module.parameters()] == addresses
+    assert after["cudagraph_recorded_non_static_inputs"] == before["cudagraph_recorded_non_static_inputs"], (
+        "the rollout after the push recorded its CUDA graph again")
+    assert after["cudagraph_skips"] == start["cudagraph_skips"], "a decode step ran without its CUDA graph"
     fresh = HFRollout(trained, _Tokenizer(), device="cuda", config={"static_decode": False})
     expected, _ = _generate(fresh, prompts, greedy)
     figures.update(identical_rows=f"{sum(a.token_ids == b.token_ids for a, b in zip(got, expected))}/{len(prompts)}")

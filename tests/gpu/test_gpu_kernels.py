@@ -8,9 +8,9 @@ from gpu_suite import TRAINING_KEYS, assert_finite, changed_tensors, logprob_gap
 
 pytestmark = pytest.mark.gpu
 
-# The largest mean |rollout log-prob - actor log-prob| of a step: vLLM samples in bf16 (rollout.dtype), the HF engine in
-# float32, the actor recomputes in bf16 under FSDP; with the actor's weights in the engine after every update, they
-# differ by rounding only.
+# The largest mean |rollout log-prob - actor log-prob| of a step: both engines sample in rollout.dtype on CUDA (bf16 by
+# default; the HF engine's is the run plan's hf_engine_dtype), the actor recomputes in bf16 under FSDP; with the
+# actor's weights in the engine after every update, they differ by rounding only.
 LOGPROB_GAP_MEAN = 0.05
 
 

@@ -87,4 +87,4 @@ def test_ulysses_sequence_parallelism_on_two_gpus(tiny_run, figures):
     figures.update(run.figures())
     assert "sequence parallel over 2 ranks" in run.output
     assert_finite(run.steps, TRAINING_KEYS + ("actor/kl_loss", "training/rollout_actor_logprob_diff_mean"))
-    assert logprob_gaps(run, figures) < 0.05  # the engine's float32 log-probs against the split bf16 passes: rounding only
+    assert logprob_gaps(run, figures) < 0.05  # the engine's bf16 log-probs against the split bf16 passes: rounding only
