@@ -431,6 +431,35 @@ def test_fused_log_probs_and_activation_offload_give_the_plain_update(packed, mo
     assert metrics["actor/entropy_loss"] == pytest.approx(ref_metrics["actor/entropy_loss"], rel=1e-5)
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activation_offload_sends_the_decoder_layers_saved_tensors_to_the_host_and_keeps_the_heads(
+        checkpointing, monkeypatch, assert_same_update):
+    """What the decoder layers save for the backward pass goes to the host (with non-reentrant gradient checkpointing:
+    each layer's input); from the LM head on nothing does: not its weight, not the logits or their log-softmax (each
+    vocabulary-wide). The update is the plain one."""
+    offloaded = []
+
+    def recording_save_on_cpu(pin_memory=False):  # the same hooks' stack, recording instead of copying
+        return torch.autograd.graph.saved_tensors_hooks(lambda t: offloaded.append(tuple(t.shape)) or t, lambda t: t)
+
+    monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", recording_save_on_cpu)
+    model = _model()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    data = _batch(model)
+    reference, ref_metrics = _update(model, data, ppo_micro_batch_size_per_gpu=3)
+    levered = copy.deepcopy(model)
+    cfg = _config(ppo_micro_batch_size_per_gpu=3)
+    actor = DataParallelPPOActor(cfg, levered, torch.optim.SGD(levered.parameters(), lr=1.0),
+                                 use_remove_padding=False, batches=_actor(cfg, levered).batches,
+                                 activation_offload=True)
+    metrics = actor.update_policy(data)
+    hidden = model.config.hidden_size
+    assert any(shape[-1] == hidden and len(shape) == 3 for shape in offloaded)  # the layers' activations
+    assert not [shape for shape in offloaded if VOCAB in shape]  # the head's weight, the logits
+    assert_same_update(levered, metrics, reference, ref_metrics, "actor/grad_norm")
+
+
 def test_compiled_layers_give_the_eager_update(assert_same_update):
     from verl.utils.fsdp_utils import compile_layers
 
