@@ -35,8 +35,8 @@ and `--out` is rewritten after each side, and on SIGINT with what there is by th
 of generation to the end of the optimizer step (and, for Quiver, the weight push into the rollout engine); the first
 `--warmup` steps are dropped, and the ratio uses the median of the rest. The parent samples /proc every 0.25 s: the
 peak memory of each side's process tree (the sum of its processes' PSS, Ray workers included), and how many cores
-other processes kept busy meanwhile ("others"): on a shared machine a figure is only worth comparing when that is
-near 0. On CUDA each side also reports its peak GPU memory twice: torch's `max_memory_allocated` (TRL: in its
+other processes kept busy meanwhile ("others", over the timed steps: a start-up that overlapped other work does
+not count): on a shared machine a figure is only worth comparing when that is near 0. On CUDA each side also reports its peak GPU memory twice: torch's `max_memory_allocated` (TRL: in its
 process; Quiver: the largest `memory/max_allocated_gib/<phase>` its worker logged, over phases and steps -- one
 worker process per GPU holds actor, rollout engine and reference), and the largest `memory.used` nvidia-smi reported
 while the side ran (every 0.25 s; the CUDA context and the caching allocator's reserve included), less what was in
@@ -570,7 +570,8 @@ class GpuMemorySampler(threading.Thread):
                 "gpu_used_idle_gib": None if self.idle_mib is None else self.idle_mib / 1024}
 
 
-def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25, gpu: bool = False) -> dict:
+def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25, gpu: bool = False,
+                    steps_done: Callable[[], int] | None = None, warmup: int = 0) -> dict:
     """Run `command`; return its `returncode`, how many cores other processes kept busy meanwhile ("others", on
     average) and the peak memory of the command's whole process tree (Ray's daemons and workers included) and of the
     machine; with `gpu`, also nvidia-smi's peak memory.used above what was in use before the start
@@ -579,7 +580,10 @@ def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25, gpu
     Other people's jobs on the same cores slow either side down (TRL's two torch threads most of all), so each
     result carries the "others" figure: trust a comparison only when it is near 0 for both sides. The child's process
     tree is sampled every `interval_s`; CPU time of its processes that end between samples is counted as foreign, so
-    "others" errs high, and a memory peak shorter than the interval can be missed.
+    "others" errs high, and a memory peak shorter than the interval can be missed. With `steps_done` (how many steps
+    the child has finished, read from what it writes as it runs), "others" is also taken over the timed steps alone,
+    from the end of the `warmup` steps on (`foreign_cpu_cores_timed`): a run whose start-up overlapped other work
+    (the GPU check's last lanes) is still comparable when its timed steps were not.
     """
     sampler = GpuMemorySampler(interval_s) if gpu else None
     if sampler is not None:
@@ -589,10 +593,13 @@ def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25, gpu
     child = subprocess.Popen(command, env=env)
     own_ticks: dict[int, int] = {}
     busy, wall, peak_tree, peak_machine = start_busy, 0.0, 0, 0
+    window = None  # (wall, busy ticks, own ticks) when the timed steps began
     try:
         while child.poll() is None:
             busy, processes = _proc_ticks()
             wall = time.perf_counter() - start
+            if window is None and steps_done is not None and steps_done() >= warmup:
+                window = (wall, busy, sum(own_ticks.values()))
             tree, grown = {child.pid}, True
             while grown:
                 before = len(tree)
@@ -611,16 +618,22 @@ def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25, gpu
                 child.kill()
         gpu_figures = sampler.stop() if sampler is not None else {}
     foreign_ticks = busy - start_busy - sum(own_ticks.values())  # up to the last sample
-    return {"returncode": child.returncode,
-            "foreign_cpu_cores": max(0.0, foreign_ticks / os.sysconf("SC_CLK_TCK") / max(wall, 1e-9)),
-            "peak_tree_gb": peak_tree / 2**30, "peak_machine_gb": peak_machine / 2**30, **gpu_figures}
+    tick = os.sysconf("SC_CLK_TCK")
+    measured = {"returncode": child.returncode,
+                "foreign_cpu_cores": max(0.0, foreign_ticks / tick / max(wall, 1e-9)),
+                "peak_tree_gb": peak_tree / 2**30, "peak_machine_gb": peak_machine / 2**30, **gpu_figures}
+    if window is not None and wall - window[0] >= 1.0:  # a shorter window is a sample or two: noise
+        timed_foreign = (busy - window[1]) - (sum(own_ticks.values()) - window[2])
+        measured["foreign_cpu_cores_timed"] = max(0.0, timed_foreign / tick / (wall - window[0]))
+    return measured
 
 
-def run_child(command: list[str], env: dict, result: str, gpu: bool = False) -> dict:
+def run_child(command: list[str], env: dict, result: str, gpu: bool = False,
+              steps_done: Callable[[], int] | None = None, warmup: int = 0) -> dict:
     """Run one child of a benchmark that writes its summary as JSON to `result` (`run_as_child`), measured by
     `run_and_measure`: its summary with those figures; a child that failed gives {"error": ...} with them instead, so
     that the benchmark goes on with its next child."""
-    measured = run_and_measure(command, env, gpu=gpu)
+    measured = run_and_measure(command, env, gpu=gpu, steps_done=steps_done, warmup=warmup)
     returncode = measured.pop("returncode")
     summary = {}
     if os.path.exists(result):
@@ -661,7 +674,8 @@ def run_side_in_child(side: str, args: argparse.Namespace, argv: list[str]) -> d
     command = [sys.executable, os.path.abspath(__file__), *argv, "--side", side, "--work-dir", args.work_dir,
                "--result", result]
     print(f"\n=== {side} ===", flush=True)
-    summary = run_child(command, env, result, gpu=args.device == "cuda")
+    summary = run_child(command, env, result, gpu=args.device == "cuda",
+                        steps_done=lambda: len(steps_so_far(side, args.work_dir)), warmup=args.warmup)
     if "error" in summary:
         summary["all_step_seconds"] = steps_so_far(side, args.work_dir)
     return summary
@@ -705,7 +719,13 @@ def print_side(side: str, r: dict) -> None:
         return
     gpu = f", GPU allocated {r['cuda_max_allocated_gib']:.2f} GiB" if r.get("cuda_max_allocated_gib") else ""
     print(f"\n[{side}] {r['s_per_step']:.3f} s/step (median {r['median_s']:.3f}, {r['steps_timed']} timed), mean "
-          f"response {r['mean_response_length']:.1f} tokens, others {r['foreign_cpu_cores']:.2f}{gpu}", flush=True)
+          f"response {r['mean_response_length']:.1f} tokens, others {others(r):.2f}{gpu}", flush=True)
+
+
+def others(r: dict) -> float:
+    """Cores other processes kept busy while the side's timed steps ran (over its whole run where the steps could
+    not be followed)."""
+    return r.get("foreign_cpu_cores_timed", r.get("foreign_cpu_cores", float("nan")))
 
 
 def print_report(args: argparse.Namespace, results: dict[str, dict]) -> None:
@@ -724,9 +744,9 @@ def print_report(args: argparse.Namespace, results: dict[str, dict]) -> None:
         label = (f"Quiver ({r['ranks']} rank{'s' if r['ranks'] > 1 else ''}, {r.get('engine', 'hf')})"
                  if side == "quiver" else "TRL")
         print(f"{label:<24}{r['s_per_step']:8.3f}{r['median_s']:8.3f}{r['min_s']:8.3f}{r['max_s']:8.3f}"
-              f"{r['mean_response_length']:10.1f}{r.get('foreign_cpu_cores', float('nan')):8.2f}"
+              f"{r['mean_response_length']:10.1f}{others(r):8.2f}"
               f"{r.get('peak_tree_gb', float('nan')):9.2f}{r.get('peak_machine_gb', float('nan')):9.2f}")
-    print("(others: cores kept busy by other processes during the run; near 0 = a clean measurement. peak GB: the "
+    print("(others: cores kept busy by other processes during the timed steps; near 0 = a clean measurement. peak GB: the "
           "largest total PSS of the side's process tree, Ray included; machine: the machine's used memory at its peak)")
     print("\nmean seconds per phase")
     for side, r in results.items():
@@ -737,8 +757,8 @@ def print_report(args: argparse.Namespace, results: dict[str, dict]) -> None:
     if args.device == "cuda":
         print_gpu_memory(results)
     for side, r in results.items():
-        if r.get("foreign_cpu_cores", 0.0) > CONTENDED_CORES:
-            print(f"\nWARNING: other processes kept {r['foreign_cpu_cores']:.2f} cores busy during the {side} run: "
+        if others(r) > CONTENDED_CORES:
+            print(f"\nWARNING: other processes kept {others(r):.2f} cores busy during the {side} run's timed steps: "
                   "its figures are inflated, run again on a quiet machine before comparing.")
     if len(results) == 2:
         ratio = speed_ratio(results, "median_s")
