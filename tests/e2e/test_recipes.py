@@ -17,10 +17,10 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 HALF_SIGNAL_REWARD = Path(__file__).with_name("half_signal_reward.py")
 
-# recipe -> a metric only its loss reports
+# recipe -> a metric only its loss reports (run_archer2.0_qwen2.5_1.5b_math.sh runs the code recipe with other names
+# and data: test_the_math_recipe_is_the_code_recipe_on_math_data)
 RECIPES = {
     "run_archer2.0_qwen2.5_1.5b_code.sh": "actor/positive_pg_clipfrac_dual",  # ASPO
-    "run_archer2.0_qwen2.5_1.5b_math.sh": "actor/positive_pg_clipfrac_dual",
     "run_archer_qwen2.5_1.5b_code.sh": "actor/pg_clipfrac_high_entropy",  # dual-token clipping
 }
 
@@ -43,6 +43,39 @@ def test_recipe_runs_in_tiny_mode(recipe, tmp_path):
             assert math.isfinite(s[key]), (key, s)
         assert s["actor/high_entropy_kl_loss_scale_coef"] == 0.0  # KL on low-entropy tokens only
     assert (tmp_path / "run" / "global_step_2" / "actor" / "fsdp_config.json").exists()
+
+
+def _command_line(recipe, tmp_path, tiny):
+    """The arguments scripts/train/<recipe> hands to python (a stand-in that records them instead of training)."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\n')
+    stand_in.chmod(0o755)
+    out = tmp_path / f"{recipe}.{tiny}.args"
+    env = {**os.environ, "TINY": str(tiny), "PYTHON": str(stand_in), "ARGS_OUT": str(out),
+           "CKPTS_DIR_TINY": str(tmp_path / "run")}
+    subprocess.run(["bash", f"scripts/train/{recipe}"], cwd=REPO, env=env, check=True, timeout=60)
+    return out.read_text().splitlines()
+
+
+@pytest.mark.parametrize("tiny", [0, 1])
+def test_the_math_recipe_is_the_code_recipe_on_math_data(tiny, tmp_path):
+    """The seed's two Archer2.0 scripts differ only in data and names: the math recipe hands main_ppo the code
+    recipe's command line but for those (which TINY=1 replaces by the demo's), so the code recipe's tiny run above
+    trains what the math recipe does."""
+    code = _command_line("run_archer2.0_qwen2.5_1.5b_code.sh", tmp_path, tiny)
+    math_ = _command_line("run_archer2.0_qwen2.5_1.5b_math.sh", tmp_path, tiny)
+    assert code[:2] == ["-m", "verl.trainer.main_ppo"] and len(code) == len(math_)
+    differ = {(a, b) for a, b in zip(code, math_) if a != b}
+    expected = {("trainer.experiment_name=Archer2.0-Code-1.5B", "trainer.experiment_name=Archer2.0-Math-1.5B")}
+    if not tiny:
+        expected |= {
+            ("data.train_files=./data/train/archer2.0-code-1.5b-train.json",
+             "data.train_files=./data/train/archer2.0-math-1.5b-train.json"),
+            ("data.val_files=./data/test/livecodebench_v5.json", "data.val_files=./data/test/aime2025.json"),
+            ("trainer.default_local_dir=./output/Archer2.0/Archer2.0-Code-1.5B",
+             "trainer.default_local_dir=./output/Archer2.0/Archer2.0-Math-1.5B"),
+        }
+    assert differ == expected
 
 
 def run_tiny_recipe(recipe, tmp_path, *overrides):
