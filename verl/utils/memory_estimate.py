@@ -62,7 +62,13 @@ from collections.abc import Callable
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.utils.config import ConfigError
-from verl.utils.fsdp_utils import COMPUTE_DTYPES, adamw_is_fused, params_in_host_memory, reshards_after_forward
+from verl.utils.fsdp_utils import (
+    COMPUTE_DTYPES,
+    adamw_is_fused,
+    offloads_optimizer_state,
+    params_in_host_memory,
+    reshards_after_forward,
+)
 from verl.utils.fused_logprobs import CHUNK_TOKENS
 from verl.utils.lora import lora_settings
 from verl.utils.model_server import served_reward_engine
@@ -353,16 +359,15 @@ def estimate_ppo_memory(
         """Whether the update's mini-batch takes more than one micro-batch (gradients then accumulate)."""
         return sequences(field) < passes[field][1]
 
-    def on_device(offload_key: bool) -> bool:
-        return not (cuda and offload_key)  # offloading is a CUDA feature; on CPU everything is in host memory
-
     def weights(shape: ModelShape, fsdp, param_bytes: int, shard: int) -> int:
         return 0 if params_in_host_memory(plan.device, fsdp) else param_bytes * shape.parameters // shard
 
     def optimizer_between_updates(fsdp, size: int) -> int:
-        """The optimizer's state on the device between updates: not with optimizer_offload, nor with the parameters
-        in host memory (FSDP2 then steps the optimizer there, its state never on the device)."""
-        return size if on_device(fsdp.optimizer_offload) and not params_in_host_memory(plan.device, fsdp) else 0
+        """The optimizer's state on the device between updates: not with optimizer_offload (the workers' own rule,
+        `offloads_optimizer_state`), nor with the parameters in host memory (FSDP2 then steps the optimizer there,
+        its state never on the device). Offloading is a CUDA feature: on CPU everything is in host memory."""
+        offloaded = offloads_optimizer_state(plan.device, fsdp) or params_in_host_memory(plan.device, fsdp)
+        return 0 if offloaded else size
 
     def optimizer(shape: ModelShape, param_bytes: int, shard: int) -> int:
         """AdamW's moments, and the float32 masters of parameters held in a lower precision."""
