@@ -1,4 +1,10 @@
-"""The seed recipes in scripts/train/ run as written, in their TINY=1 CPU mode, for 2 steps each."""
+"""The seed recipes in scripts/train/ run as written, in their TINY=1 CPU mode, for 2 steps each.
+
+Each recipe's bash script runs for real with a stand-in for python that records the command line it hands
+`python -m verl.trainer.main_ppo` (and runs every other python command, such as the tool-task generator, as they
+are); that command line is then trained in this process, on the test session's Ray, as main_ppo's entry does. A
+separate process per recipe would add a Python start-up and a Ray start and stop to each test (the CLI itself has
+its own end-to-end test: test_grpo_e2e.test_main_ppo_cli_with_tiny_defaults)."""
 
 from __future__ import annotations
 
@@ -12,10 +18,15 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from verl.trainer.config import load_config
+from verl.trainer.main_ppo import run_ppo
+from verl.utils.config import parse_cli
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 HALF_SIGNAL_REWARD = Path(__file__).with_name("half_signal_reward.py")
+MAIN_PPO = ["-m", "verl.trainer.main_ppo"]
 
 # recipe -> a metric only its loss reports (run_archer2.0_qwen2.5_1.5b_math.sh runs the code recipe with other names
 # and data: test_the_math_recipe_is_the_code_recipe_on_math_data)
@@ -25,17 +36,46 @@ RECIPES = {
 }
 
 
-@pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_recipe_runs_in_tiny_mode(recipe, tmp_path):
-    env = {**os.environ, "TINY": "1", "PYTHON": sys.executable, "QUIVER_CACHE": str(tmp_path / "cache"),
-           "CKPTS_DIR_TINY": str(tmp_path / "run")}
-    # The demo model cannot solve the task yet, so every group would be filtered out; half the prompts get a
-    # dense reward instead, which leaves groups with a signal for the update.
-    result = subprocess.run(["bash", f"scripts/train/{recipe}", f"custom_reward_function.path={HALF_SIGNAL_REWARD}"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def _command_line(recipe, tmp_path, tiny, *args):
+    """The arguments scripts/train/<recipe> (given `args`) hands to python for main_ppo, from a stand-in python
+    that records them; the recipe's other python commands run with this interpreter."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text('#!/bin/sh\nif [ "$1 $2" = "-m verl.trainer.main_ppo" ]; then printf "%s\\n" "$@" > "$ARGS_OUT"; '
+                        'else exec "$REAL_PYTHON" "$@"; fi\n')
+    stand_in.chmod(0o755)
+    out = tmp_path / f"{recipe}.{tiny}.args"
+    env = {**os.environ, "TINY": str(tiny), "PYTHON": str(stand_in), "REAL_PYTHON": sys.executable,
+           "ARGS_OUT": str(out), "CKPTS_DIR_TINY": str(tmp_path / "run")}
+    subprocess.run(["bash", f"scripts/train/{recipe}", *args], cwd=REPO, env=env, check=True, timeout=120)
+    return out.read_text().splitlines()
+
+
+@pytest.fixture(scope="module")
+def demo_cache(tmp_path_factory):
+    """One QUIVER_CACHE for the module: the demo model and data main_ppo builds for a null model path and data
+    files (what TINY=1 sets) are built once."""
+    return tmp_path_factory.mktemp("quiver_cache")
+
+
+def run_tiny_recipe(recipe, tmp_path, monkeypatch, demo_cache, *overrides):
+    """Run scripts/train/<recipe> with TINY=1 into tmp_path/run; return the metrics of its steps."""
+    argv = _command_line(recipe, tmp_path, 1, *overrides)
+    assert argv[:2] == MAIN_PPO, argv
+    monkeypatch.setenv("QUIVER_CACHE", str(demo_cache))
+    monkeypatch.chdir(REPO)  # where the recipe runs main_ppo
+    config_dir, config_name, cli_overrides = parse_cli(argv[2:])
+    run_ppo(load_config(config_name, cli_overrides, config_dir=config_dir))
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
+    return steps
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_recipe_runs_in_tiny_mode(recipe, tmp_path, monkeypatch, ray_session, demo_cache):
+    # The demo model cannot solve the task yet, so every group would be filtered out; half the prompts get a
+    # dense reward instead, which leaves groups with a signal for the update.
+    steps = run_tiny_recipe(recipe, tmp_path, monkeypatch, demo_cache,
+                            f"custom_reward_function.path={HALF_SIGNAL_REWARD}")
     trained = [s for s in steps if s["batch/valid"] > 0]
     assert trained, "every group was filtered out in both steps"
     for s in trained:
@@ -45,18 +85,6 @@ def test_recipe_runs_in_tiny_mode(recipe, tmp_path):
     assert (tmp_path / "run" / "global_step_2" / "actor" / "fsdp_config.json").exists()
 
 
-def _command_line(recipe, tmp_path, tiny):
-    """The arguments scripts/train/<recipe> hands to python (a stand-in that records them instead of training)."""
-    stand_in = tmp_path / "python"
-    stand_in.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\n')
-    stand_in.chmod(0o755)
-    out = tmp_path / f"{recipe}.{tiny}.args"
-    env = {**os.environ, "TINY": str(tiny), "PYTHON": str(stand_in), "ARGS_OUT": str(out),
-           "CKPTS_DIR_TINY": str(tmp_path / "run")}
-    subprocess.run(["bash", f"scripts/train/{recipe}"], cwd=REPO, env=env, check=True, timeout=60)
-    return out.read_text().splitlines()
-
-
 @pytest.mark.parametrize("tiny", [0, 1])
 def test_the_math_recipe_is_the_code_recipe_on_math_data(tiny, tmp_path):
     """The seed's two Archer2.0 scripts differ only in data and names: the math recipe hands main_ppo the code
@@ -64,7 +92,7 @@ def test_the_math_recipe_is_the_code_recipe_on_math_data(tiny, tmp_path):
     trains what the math recipe does."""
     code = _command_line("run_archer2.0_qwen2.5_1.5b_code.sh", tmp_path, tiny)
     math_ = _command_line("run_archer2.0_qwen2.5_1.5b_math.sh", tmp_path, tiny)
-    assert code[:2] == ["-m", "verl.trainer.main_ppo"] and len(code) == len(math_)
+    assert code[:2] == MAIN_PPO and len(code) == len(math_)
     differ = {(a, b) for a, b in zip(code, math_) if a != b}
     expected = {("trainer.experiment_name=Archer2.0-Code-1.5B", "trainer.experiment_name=Archer2.0-Math-1.5B")}
     if not tiny:
@@ -78,18 +106,6 @@ def test_the_math_recipe_is_the_code_recipe_on_math_data(tiny, tmp_path):
     assert differ == expected
 
 
-def run_tiny_recipe(recipe, tmp_path, *overrides):
-    """Run scripts/train/<recipe> with TINY=1 into tmp_path/run; return the metrics of its steps."""
-    env = {**os.environ, "TINY": "1", "PYTHON": sys.executable, "QUIVER_CACHE": str(tmp_path / "cache"),
-           "CKPTS_DIR_TINY": str(tmp_path / "run")}
-    result = subprocess.run(["bash", f"scripts/train/{recipe}", *overrides], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1, 2]
-    return steps
-
-
 # agentic recipe -> the settings its run must show
 AGENTIC_RECIPES = {
     "ARPO_7B_Reasoning_1node.sh": {"branch_rule": "arpo", "loss_mode": "vanilla", "call_limit": 3},
@@ -99,9 +115,9 @@ AGENTIC_RECIPES = {
 
 
 @pytest.mark.parametrize("recipe", sorted(AGENTIC_RECIPES))
-def test_agentic_recipe_runs_in_tiny_mode(recipe, tmp_path):
+def test_agentic_recipe_runs_in_tiny_mode(recipe, tmp_path, monkeypatch, ray_session, demo_cache):
     """The tool recipes on the synthetic tool tasks and a local BM25 corpus, with the python and search tools."""
-    steps = run_tiny_recipe(recipe, tmp_path, "trainer.val_before_train=false")
+    steps = run_tiny_recipe(recipe, tmp_path, monkeypatch, demo_cache, "trainer.val_before_train=false")
     for s in steps:
         for key in ("actor/pg_loss", "rollout/branches_per_prompt", "tools/calls_per_trajectory"):
             assert math.isfinite(s[key]), (key, s)
@@ -115,8 +131,8 @@ def test_agentic_recipe_runs_in_tiny_mode(recipe, tmp_path):
 
 
 @pytest.mark.parametrize("recipe", ["run_rlpr_qwen2.5_7b.sh", "run_rlpr_qwen2.5_7b_lora.sh"])
-def test_rlpr_recipe_runs_in_tiny_mode(recipe, tmp_path):
-    steps = run_tiny_recipe(recipe, tmp_path, "trainer.val_before_train=false")
+def test_rlpr_recipe_runs_in_tiny_mode(recipe, tmp_path, monkeypatch, ray_session, demo_cache):
+    steps = run_tiny_recipe(recipe, tmp_path, monkeypatch, demo_cache, "trainer.val_before_train=false")
     for s in steps:
         for key in ("actor/pg_loss", "rlpr/scoreB_mean", "rlpr/valid_fraction"):
             assert math.isfinite(s[key]), (key, s)
