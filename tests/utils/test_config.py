@@ -5,7 +5,7 @@ import pytest
 from verl.trainer.config import load_config
 from verl.trainer.main_ppo import main
 from verl.trainer.ppo.config_rules import validate_ppo_config
-from verl.utils.config import ConfigError, base_config, check_override_keys, parse_cli
+from verl.utils.config import CONFIG_DIR, SHIPPED_CONFIGS, ConfigError, base_config, check_override_keys, parse_cli
 
 
 def test_defaults_load_and_validate():
@@ -13,6 +13,26 @@ def test_defaults_load_and_validate():
     assert cfg.actor_rollout_ref.rollout.prompt_length == cfg.data.max_prompt_length
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
     validate_ppo_config(cfg)
+
+
+@pytest.mark.parametrize("name", SHIPPED_CONFIGS)
+def test_base_config_is_hydras_composition_of_the_shipped_yaml(name):
+    """compose_config takes a shipped config's keys from base_config (read without Hydra, once per process) to check
+    overrides against: the two must be the same tree."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        composed = compose(config_name=name)
+    assert OmegaConf.to_container(base_config(name)) == OmegaConf.to_container(composed)
+
+
+def test_the_typed_check_leaves_no_trace_between_configs():
+    """The typed tree is built once and each check fills a copy: a value one config sets is not another's."""
+    load_config(overrides=["actor_rollout_ref.rollout.n=8"])
+    with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.n"):
+        load_config(overrides=["actor_rollout_ref.rollout.n=eight"])
+    assert load_config().actor_rollout_ref.rollout.n == base_config().actor_rollout_ref.rollout.n
 
 
 def test_override_applies():

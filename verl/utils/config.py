@@ -262,12 +262,16 @@ def compose_config(config_name: str = "ppo_trainer", overrides: list[str] | None
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = list(overrides or [])
-    register_shipped_configs()
     if not os.path.exists(os.path.join(config_dir, f"{config_name}.yaml")):
         raise ConfigError(f"no config named {config_name!r} in {config_dir} (--config-path / --config-name)")
+    # A shipped config without overrides is `base_config`'s (read once per process; a test holds the two equal).
+    # Another folder's config may start from a shipped one (`defaults: [quiver_ppo_trainer]`): Hydra composes it.
+    shipped = os.path.realpath(config_dir) == CONFIG_DIR and config_name in SHIPPED_CONFIGS
+    if not shipped:
+        register_shipped_configs()
     try:
         with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
-            base = compose(config_name=config_name)
+            base = base_config(config_name) if shipped else compose(config_name=config_name)
             overrides = [drop_plus_for_existing_key(base, o) for o in overrides]
             check_override_keys(base, overrides)
             overrides = [add_verl_only_key(base, o) for o in overrides]

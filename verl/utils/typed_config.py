@@ -21,6 +21,7 @@ broken rule.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import types
@@ -151,7 +152,7 @@ def _type_name(tp: Any) -> str:
 def _assign(typed: DictConfig, cfg: DictConfig, prefix: str) -> list[str]:
     """Assign every value of `cfg` that the schema `typed` declares, recursing into sections; the problems found."""
     problems: list[str] = []
-    hints = typing.get_type_hints(OmegaConf.get_type(typed))
+    hints = _type_hints(OmegaConf.get_type(typed))
     for key in cfg.keys():
         if key not in hints:  # added with +key=value on purpose (unknown keys without + were refused before)
             if is_verl_only(f"{prefix}{key}"):  # verl 0.9's: announced with the inert keys, with the reason
@@ -200,10 +201,22 @@ def _assign(typed: DictConfig, cfg: DictConfig, prefix: str) -> list[str]:
     return problems
 
 
+@functools.cache
+def _typed_template(schema: type) -> DictConfig:
+    """`OmegaConf.structured(schema)`, built once per process (it takes longer than Hydra's composition of the YAML;
+    each check assigns into a copy)."""
+    return OmegaConf.structured(schema)
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
 def check_config_types(schema: type, cfg: DictConfig) -> DictConfig:
     """`cfg`'s values in `OmegaConf.structured(schema)`: raises ConfigError naming every key whose value has the
     wrong type for its field."""
-    typed = OmegaConf.structured(schema)
+    typed = copy.deepcopy(_typed_template(schema))
     problems = _assign(typed, cfg, "")
     if problems:
         raise ConfigError("\n".join(problems))
