@@ -4,6 +4,8 @@
 #   bash .gpu/run.sh bash scripts/gpu_check.sh          # on a machine prepared with a wheelhouse (shared/gpu)
 #   GPU_CHECK_SECONDS=540 bash scripts/gpu_check.sh     # the budget; default 460 s, which with the wheelhouse's
 #                                                         # install and the summary fits a lent machine's 600 s call
+# Scratch folders: GPU_CHECK_REPORTS (default /tmp/gpu_check_reports), GPU_CHECK_LANE_TMP (default /tmp/gpu_lane).
+# On a machine without CUDA every test skips and the benchmark stops at once (tests/tools/test_gpu_check.py).
 # Build the wheelhouse here first (shared/gpu/README.md), with the two wheels pydantic needs that the lent machine
 # lacks (ray imports pydantic when it is installed; without annotated-types every Ray task failed there):
 #   EXTRA_WHEELS="annotated-types==0.8.0 typing-extensions==4.16.0" bash ../shared/gpu/make_wheelhouse.sh
@@ -29,7 +31,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-$PWD/gpu_check}"
 reports="${GPU_CHECK_REPORTS:-/tmp/gpu_check_reports}"
-lane_tmp=/tmp/gpu_lane  # lane X's --basetemp is ${lane_tmp}_X
+lane_tmp="${GPU_CHECK_LANE_TMP:-/tmp/gpu_lane}"  # lane X's --basetemp is ${lane_tmp}_X
 mkdir -p "$out"
 rm -rf "$reports"
 mkdir -p "$reports"
