@@ -9,6 +9,9 @@ import time
 import pytest
 from e2e_utils import build_trainer, tiny_overrides
 
+from verl.trainer import main_ppo
+from verl.trainer.config import load_config
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.checkpoint.checkpoint_manager import LATEST_FILE
 
 pytestmark = pytest.mark.e2e
@@ -29,8 +32,8 @@ def _comparable(metrics):
     return {k: v for k, v in metrics.items() if not k.startswith(NONDETERMINISTIC)}
 
 
-def test_resume_gives_the_same_metrics(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
-    extra = ["trainer.total_training_steps=5", "trainer.save_freq=2", "data.train_batch_size=4",
+def test_resume_gives_the_same_metrics(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path, monkeypatch):
+    extra = ["trainer.total_training_steps=5", "trainer.save_freq=2", "trainer.test_freq=5", "data.train_batch_size=4",
              "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
              "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
              "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine"]
@@ -55,9 +58,21 @@ def test_resume_gives_the_same_metrics(ray_session, tiny_model_dir, arithmetic_d
         assert _comparable(got) == pytest.approx(_comparable(expected), rel=1e-6, abs=1e-7)
     assert straight[2]["actor/pg_loss"] != straight[3]["actor/pg_loss"]  # the steps really differ
 
-    # resume_mode=auto picks the newest complete checkpoint; with every step done, nothing is left to train.
-    assert _train(tiny_overrides(tiny_model_dir, arithmetic_data_dir, *extra,
-                                 f"trainer.default_local_dir={straight_dir}"), tiny_model_dir) == []
+    # Relaunched with resume_mode=auto, the run finds its newest checkpoint at the last step: main_ppo stops before
+    # Ray or a worker starts ...
+    relaunch = tiny_overrides(tiny_model_dir, arithmetic_data_dir, *extra, f"trainer.default_local_dir={straight_dir}")
+
+    def no_start(*args, **kwargs):
+        raise AssertionError("nothing is left to train, yet Ray or the workers started")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(main_ppo, "init_ray", no_start)
+        patch.setattr(RayPPOTrainer, "init_workers", no_start)
+        assert main_ppo.run_ppo(load_config(overrides=relaunch)) == []
+    # ... unless trainer.val_only asks to validate that checkpoint: the step-5 weights, as the run's last step did.
+    validated = _train([*relaunch, "trainer.val_only=true", "trainer.val_before_train=true"], tiny_model_dir)
+    expected = {k: v for k, v in straight[-1].items() if k.startswith("val-core/")}
+    assert expected and {k: v for k, v in validated.items() if k in expected} == pytest.approx(expected, rel=1e-6)
 
 
 def _main_ppo(tmp_path, *overrides):

@@ -189,7 +189,12 @@ def train_ppo(config: DictConfig, plan: RunPlan, estimate: MemoryEstimate | None
                                             reward_server=reward_server)
 
         trainer = RayPPOTrainer(config, tokenizer, train_dataset, val_dataset, reward_fn, val_reward_fn, plan=plan)
-        trainer.resume_checkpoint  # noqa: B018 - chosen and checked against its manifest now, before Ray starts
+        # The checkpoint to resume from is chosen and checked against its manifest now, before Ray starts; a run
+        # relaunched after its last step (a resubmitted job) stops here instead of starting the workers for nothing.
+        if trainer.trained_already and not config.trainer.val_only:
+            print(f"[trainer] {trainer.resume_checkpoint} is at trainer.total_training_steps="
+                  f"{trainer.total_training_steps} already: nothing to train (trainer.val_only=true validates it)")
+            return []
         init_ray(config, plan)
         trainer.init_workers()
         if config.trainer.overwrite:

@@ -14,6 +14,7 @@ from verl.utils.checkpoint.checkpoint_manager import (
     CheckpointError,
     atomic_step_dir,
     checkpoint_problems,
+    checkpoint_step,
     find_latest_ckpt_path,
     remove_old_checkpoints,
     select_resume_checkpoint,
@@ -196,3 +197,14 @@ def test_a_damaged_manifest_damages_its_checkpoint(tmp_path):
     problems, _ = checkpoint_problems(str(step_dir))
     assert problems == ["manifest.json: Expecting value: line 1 column 54 (char 53), so no file can be verified"]
     assert select_resume_checkpoint(str(tmp_path), "auto", None, ["actor"]) == str(tmp_path / "global_step_1")
+
+
+def test_a_checkpoints_step_comes_from_its_manifest_or_from_the_driver_state(tmp_path):
+    import torch
+
+    _save(tmp_path, 7)
+    assert checkpoint_step(str(tmp_path / "global_step_7")) == 7
+    old = tmp_path / "renamed_by_hand"  # a checkpoint of before manifests, moved: its name says nothing
+    old.mkdir()
+    torch.save({"global_steps": 12}, old / "data.pt")
+    assert checkpoint_step(str(old)) == 12

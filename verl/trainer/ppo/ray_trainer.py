@@ -29,7 +29,12 @@ from verl.trainer.ppo.guards import SkippedStepGuard, check_reward_failures
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
-from verl.utils.checkpoint.checkpoint_manager import atomic_step_dir, remove_old_checkpoints, select_resume_checkpoint
+from verl.utils.checkpoint.checkpoint_manager import (
+    atomic_step_dir,
+    checkpoint_step,
+    remove_old_checkpoints,
+    select_resume_checkpoint,
+)
 from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
@@ -494,6 +499,13 @@ class RayPPOTrainer:
                                         cfg.resume_from_path if cfg.resume_mode == "resume_path" else None,
                                         roles=["actor", "critic"] if self.use_critic else ["actor"])
 
+    @property
+    def trained_already(self) -> bool:
+        """The checkpoint this run resumes from is at `total_training_steps` or beyond: there is nothing to train
+        (main_ppo then stops before Ray starts, unless `trainer.val_only` asks to validate it)."""
+        path = self.resume_checkpoint
+        return path is not None and checkpoint_step(path) >= self.total_training_steps
+
     def _load_checkpoint(self) -> None:
         """Restore the workers' and the driver's state from `resume_checkpoint` (a checkpoint saved by another number
         of ranks is re-sharded by the workers)."""
@@ -523,7 +535,7 @@ class RayPPOTrainer:
         if hasattr(self.reward_fn, "prepare_with_actor"):  # with the initial weights, before a checkpoint replaces them
             self.reward_fn.prepare_with_actor(self._actor_log_probs, self.train_dataset, self.checkpoint_root)
         self._load_checkpoint()
-        if self.global_steps >= self.total_training_steps:
+        if self.global_steps >= self.total_training_steps and not cfg.trainer.val_only:
             print(f"[trainer] step {self.global_steps} of {self.total_training_steps} is done already: nothing to train")
             return []
         # metrics.jsonl lives beside the checkpoints; a resumed run drops the lines of steps it will redo.

@@ -139,6 +139,16 @@ def write_manifest(step_dir: str, step: int) -> dict:
     return manifest
 
 
+def checkpoint_step(step_dir: str) -> int:
+    """The training step a checkpoint was saved at: its manifest's, else the driver state's (data.pt)."""
+    manifest = read_manifest(step_dir)
+    if manifest is not None and manifest.get("step") is not None:
+        return int(manifest["step"])
+    import torch
+
+    return int(torch.load(os.path.join(step_dir, "data.pt"), weights_only=False)["global_steps"])
+
+
 def read_manifest(step_dir: str) -> dict | None:
     """The manifest of `step_dir`; None when it has none (a checkpoint written before manifests existed)."""
     path = os.path.join(step_dir, MANIFEST_FILE)
