@@ -50,7 +50,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from verl.utils.torch_functional import compute_position_id_with_mask, pad_2d_list_to_tensor
-from verl.workers.rollout.base import RolloutEngine, SamplingParams, layout_rollout_batch
+from verl.workers.rollout.base import RolloutEngine, SamplingParams, _unpadded_prompts, layout_rollout_batch
 
 logger = logging.getLogger(__name__)
 
@@ -457,8 +457,7 @@ class AgentLoopManager:
                              f"the rows name {sorted(set(names))} (agent_name column or {AGENT}.default_agent_loop)")
         classes = {name: agent_loop_class(name) for name in set(names)}
         if "raw_prompt_ids" not in columns:  # loops read the prompt's ids as a column
-            ids, mask = prompts.batch["input_ids"].cpu(), prompts.batch["attention_mask"].bool().cpu()  # one copy
-            columns["raw_prompt_ids"] = [row[m].tolist() for row, m in zip(ids, mask)]
+            columns["raw_prompt_ids"] = _unpadded_prompts(prompts)
         sampling = {"temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
                     "top_k": params.top_k, "max_tokens": min(params.max_tokens, response_length)}
         server = EngineServer(self.engine, replace(params, n=1), response_length)
