@@ -47,12 +47,17 @@ class _Recorder:
     """Stands in for Tracking and keeps every logged step."""
 
     history: dict[int, dict] = {}
+    finished = False
 
     def __init__(self, project_name, experiment_name, default_backend, config=None):
         _Recorder.history = {}
+        _Recorder.finished = False
 
     def log(self, data: dict, step: int) -> None:
         _Recorder.history[step] = dict(data)
+
+    def finish(self) -> None:
+        _Recorder.finished = True
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +80,7 @@ def single_run(tiny_model_dir, sft_files, tmp_path_factory):
 
 def test_loss_goes_down(single_run):
     _, _, history = single_run
+    assert _Recorder.finished  # the trackers are closed by the trainer, not left to the interpreter's exit
     losses = [history[step]["train/loss"] for step in range(1, STEPS + 1)]
     assert sum(losses[-3:]) / 3 < 0.7 * losses[0], losses
     assert history[30]["val/loss"] < history[15]["val/loss"] < losses[0]

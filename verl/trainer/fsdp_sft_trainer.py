@@ -17,6 +17,7 @@ passed directly as `actor_rollout_ref.model.path` to `verl.trainer.main_ppo`.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -240,29 +241,35 @@ def _train(config: DictConfig, device: str) -> str:
         tracking = Tracking(project_name=config.trainer.project_name, experiment_name=config.trainer.experiment_name,
                             default_backend=config.trainer.logger, config=OmegaConf.to_container(config, resolve=True))
 
-    out_root = os.path.expanduser(config.trainer.default_local_dir)
-    out_dir = ""
-    batches = _epochs(train_loader, train_sampler)
-    model.train()
-    for step in tqdm(range(1, total_steps + 1), desc="SFT", disable=rank != 0):
-        batch = {key: value.to(torch_device) for key, value in next(batches).items()}
-        lr = scheduler.get_last_lr()[0]
-        metrics = train_step(model, optimizer, batch, micro, config.optim.clip_grad)
-        scheduler.step()
-        metrics["train/lr"] = lr
-        last = step == total_steps
-        if val_loader is not None and (last or (config.trainer.test_freq > 0 and step % config.trainer.test_freq == 0)):
-            metrics["val/loss"] = validation_loss(model, val_loader, torch_device)
-        if tracking is not None:
-            tracking.log(metrics, step=step)
-        if last or (config.trainer.save_freq > 0 and step % config.trainer.save_freq == 0):
-            out_dir = os.path.join(out_root, f"global_step_{step}")
-            save_hf_model(model, hf_config, generation_config, tokenizer, out_dir, config.model.trust_remote_code)
+    try:
+        out_root = os.path.expanduser(config.trainer.default_local_dir)
+        out_dir = ""
+        batches = _epochs(train_loader, train_sampler)
+        model.train()
+        for step in tqdm(range(1, total_steps + 1), desc="SFT", disable=rank != 0):
+            batch = {key: value.to(torch_device) for key, value in next(batches).items()}
+            lr = scheduler.get_last_lr()[0]
+            metrics = train_step(model, optimizer, batch, micro, config.optim.clip_grad)
+            scheduler.step()
+            metrics["train/lr"] = lr
+            last = step == total_steps
+            validate = last or (config.trainer.test_freq > 0 and step % config.trainer.test_freq == 0)
+            if val_loader is not None and validate:
+                metrics["val/loss"] = validation_loss(model, val_loader, torch_device)
+            if tracking is not None:
+                tracking.log(metrics, step=step)
+            if last or (config.trainer.save_freq > 0 and step % config.trainer.save_freq == 0):
+                out_dir = os.path.join(out_root, f"global_step_{step}")
+                save_hf_model(model, hf_config, generation_config, tokenizer, out_dir, config.model.trust_remote_code)
+    finally:
+        if tracking is not None:  # files flushed and the wandb run ended here, not left to the interpreter's exit
+            tracking.finish()
     return out_dir
 
 
-def run_sft(config: DictConfig) -> str:
-    """Fine-tune as the config says and return the directory of the final HF model (on every rank)."""
+def run_sft(config: DictConfig, keep_group: bool = False) -> str:
+    """Fine-tune as the config says and return the directory of the final HF model (on every rank). The group this
+    call joins is torn down at the end, unless `keep_group` (the CLI's process then ends it: `_end_rank`)."""
     device = resolve_device(config.trainer.device)
     created = init_distributed(device)
     try:
@@ -271,13 +278,13 @@ def run_sft(config: DictConfig) -> str:
             dist.barrier()
         return out_dir
     finally:
-        if created:
+        if created and not keep_group:
             dist.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------------------------------- CLI
-def _run_and_report(config: DictConfig) -> None:
-    out_dir = run_sft(config)
+def _run_and_report(config: DictConfig, keep_group: bool = False) -> None:
+    out_dir = run_sft(config, keep_group=keep_group)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"[sft] saved the fine-tuned HF model to {out_dir}", flush=True)
 
@@ -286,5 +293,24 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(CONFIG_NAME, _run_and_report, argv)
 
 
+def _end_rank(code: int) -> None:
+    """The end of a `python -m verl.trainer.fsdp_sft_trainer` process. A rank of a gloo group (torchrun on CPUs)
+    meets the others and ends without gloo's C++ teardown: under load, `destroy_process_group` or the interpreter's
+    exit after it now and then aborted one rank after a successful run (SIGABRT, "terminate called without an active
+    exception"), and torchrun then reports the whole run failed. Everything is written by then (the model, the
+    trackers' files). Another backend (NCCL) tears its group down as usual."""
+    if dist.is_initialized() and dist.get_backend() == "gloo":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            dist.barrier()
+        except Exception:  # another rank failed and left: this one leaves all the same
+            pass
+        os._exit(code)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _end_rank(run_cli(CONFIG_NAME, functools.partial(_run_and_report, keep_group=True)))
