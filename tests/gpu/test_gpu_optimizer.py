@@ -127,3 +127,37 @@ def test_fused_adamw_keeps_no_host_objects_between_steps(mesh, figures):
         f"{grown} DTensorSpec objects outlived {LEAK_STEPS} AdamW steps over {parameters} parameters on torch "
         f"{torch.__version__} (pytorch/pytorch#188174): build_optimizer should not pass fused=True on this torch "
         f"(fused={optimizer.defaults['fused']})")
+
+
+@pytest.mark.needs("cuda")
+def test_optimizer_offload_of_a_bf16_model_frees_its_masters_and_moments(mesh, figures):
+    """`optimizer_offload` with `model_dtype=bf16` (`move_optimizer_state`): between updates the float32 masters and
+    Adam's two moments, 12 bytes a parameter, leave the GPU (the shards' storage, not only the DTensors' wrappers),
+    and after they come back the next step equals that of an optimizer that never moved."""
+    import torch
+
+    from verl.utils.fsdp_utils import Float32MasterAdamW, move_optimizer_state
+
+    base = tiny_qwen2().to(torch.bfloat16)
+    moved_model, kept_model = sharded(copy.deepcopy(base), mesh), sharded(base, mesh)
+    moved, kept = build(moved_model), build(kept_model)
+    assert isinstance(moved, Float32MasterAdamW)
+    for model, optimizer in ((moved_model, moved), (kept_model, kept)):
+        backward(model, seed=0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    on_gpu = torch.cuda.memory_allocated()
+    move_optimizer_state(moved, "cpu")
+    torch.cuda.synchronize()
+    freed = on_gpu - torch.cuda.memory_allocated()
+    expected = 12 * sum(p.numel() for p in moved_model.parameters())
+    figures.update(freed_bytes=freed, expected_bytes=expected)
+    assert all(getattr(m, "_local_tensor", m).device.type == "cpu" for m in moved._masters())
+    assert freed >= 0.95 * expected, f"moving the optimizer state to the host freed {freed} bytes of {expected}"
+    move_optimizer_state(moved, torch.cuda.current_device())
+    for model, optimizer in ((moved_model, moved), (kept_model, kept)):
+        backward(model, seed=1)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    torch.testing.assert_close(full(moved_model), full(kept_model), atol=0, rtol=0)

@@ -69,6 +69,69 @@ def test_the_float32_masters_of_a_bf16_model_move_with_the_state():
     assert all(torch.equal(m, v) for m, v in zip(masters, values, strict=True))
 
 
+def _dtensor_masters_move(rank: int, port: int, results) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    from verl.utils.fsdp_utils import Float32MasterAdamW
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        weight = torch.nn.Parameter(distribute_tensor(torch.randn(4, 3).bfloat16(), mesh, [Shard(0)]))
+        optimizer = Float32MasterAdamW([weight], lr=0.1)
+        weight.grad = distribute_tensor(torch.ones(4, 3).bfloat16(), mesh, [Shard(0)])
+        optimizer.step()
+        masters = optimizer._masters()
+        assert isinstance(masters[0], DTensor) and masters[0]._local_tensor.device.type == "cpu"
+        move_optimizer_state(optimizer, "meta")  # a second device without a GPU: shapes move, not data
+        assert all(a is b for a, b in zip(optimizer._masters(), masters, strict=True))
+        for master in masters:  # the shard itself, not only the DTensor's wrapper
+            assert master.is_meta and master._local_tensor.is_meta, (master.device, master._local_tensor.device)
+            assert master.dtype == master._local_tensor.dtype == torch.float32 and master.requires_grad
+        assert optimizer.state[masters[0]]["exp_avg"]._local_tensor.is_meta
+        results[0] = "ok"
+    except Exception as err:  # reported to the parent
+        results[0] = repr(err)
+        dist.destroy_process_group()
+        return
+    leave_group()
+
+
+def test_fsdp2s_dtensor_masters_move_with_their_shards():
+    """With FSDP2 the masters are DTensors, and `master.data = master.data.to(device)` would move only the wrapper
+    (its device says host, the shard's storage stays on the GPU): optimizer_offload freed nothing of them."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(_dtensor_masters_move, args=(port, results), nprocs=1, join=True)
+    assert results[0] == "ok", results[0]
+
+
+def test_a_loaded_state_keeps_this_processs_kernel_choice():
+    """A checkpoint saved by an optimizer that stepped with the fused kernel (another torch, another device) loads
+    its moments and learning rate, but this process's optimizer keeps the fused / foreach choice build_optimizer
+    made (torch's load_state_dict would take the saved flags)."""
+    from verl.utils.fsdp_utils import load_optimizer_state
+
+    torch.manual_seed(0)
+    saved_model, model = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+    saved = torch.optim.AdamW(saved_model.parameters(), lr=0.5, fused=True)
+    saved_model(torch.ones(3, 4)).sum().backward()
+    saved.step()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, foreach=False)
+    load_optimizer_state(optimizer, saved.state_dict())
+    group = optimizer.param_groups[0]
+    assert group["fused"] is None and group["foreach"] is False and group["lr"] == 0.5
+    assert torch.equal(optimizer.state[model.weight]["exp_avg"], saved.state[saved_model.weight]["exp_avg"])
+
+
 def test_the_optimizer_state_is_offloaded_only_for_parameters_on_the_gpu():
     """optimizer_offload moves the state between host and GPU around each update; with the parameters in host
     memory (param_offload / offload_policy: FSDP2 steps the optimizer there) it stays on the host, and moving it to

@@ -236,8 +236,26 @@ def move_optimizer_state(optimizer: torch.optim.Optimizer, device: str | torch.d
             if torch.is_tensor(value) and value.dim() > 0:
                 state[key] = value.to(device, non_blocking=True)
     if isinstance(optimizer, Float32MasterAdamW):
+        # Swapped, not `master.data = ...`: for FSDP2's DTensor masters that assignment changes only the wrapper's
+        # device and leaves the shard's storage where it was. The swap keeps each master the same Python object
+        # (param_groups and the state's keys).
         for master in optimizer._masters():
-            master.data = master.data.to(device, non_blocking=True)
+            moved = torch.nn.Parameter(master.detach().to(device, non_blocking=True), requires_grad=True)
+            torch.utils.swap_tensors(master, moved)
+
+
+STEP_SETTINGS = ("fused", "foreach", "capturable")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
+    """`optimizer.load_state_dict`, but how this process steps stays what `build_optimizer` chose here: torch's
+    load restores each group's fused / foreach / capturable flags as saved, so a checkpoint written with another torch
+    or on another device would otherwise step with that process's kernel choice (fused AdamW over DTensors where
+    FUSED_ADAMW_MIN_TORCH rules it out, or the slow single-tensor loop where the fused kernel is available)."""
+    chosen = [{key: group[key] for key in STEP_SETTINGS if key in group} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state_dict)
+    for group, settings in zip(optimizer.param_groups, chosen, strict=True):
+        group.update(settings)
 
 
 def count_skipped_steps(grad_norms: list[float], in_row: int) -> tuple[int, int]:

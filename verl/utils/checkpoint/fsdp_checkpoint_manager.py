@@ -23,6 +23,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from verl.utils.checkpoint.checkpoint_manager import CheckpointError
+from verl.utils.fsdp_utils import load_optimizer_state
 
 FORMAT = "quiver-local-shards-v1"
 
@@ -277,7 +278,7 @@ def load_rank_checkpoint(
     model.load_state_dict(_model_state(path, rank, world_size, saved_ws, model.state_dict()))
     if optimizer is not None:
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        optimizer.load_state_dict(_optimizer_state(path, rank, world_size, saved_ws, params))
+        load_optimizer_state(optimizer, _optimizer_state(path, rank, world_size, saved_ws, params))
     extra = load_file(_file(path, "extra_state", rank if rank < saved_ws else 0, saved_ws))
     if lr_scheduler is not None and extra["lr_scheduler"] is not None:
         lr_scheduler.load_state_dict(extra["lr_scheduler"])
