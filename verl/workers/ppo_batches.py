@@ -35,8 +35,7 @@ def micro_batch_weights(mini_batch, micro_batches, loss_agg_mode: str) -> list[t
     tokens = mini_batch["response_mask"].sum()
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if world > 1:
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else tokens.device
-        tokens = tokens.to(device)
+        # Where the mini-batch is: the workers' group reduces CUDA tensors over NCCL and CPU ones over gloo (BACKENDS).
         dist.all_reduce(tokens)
     tokens = tokens.clamp(min=1)
     return [micro["response_mask"].sum() * world / tokens.to(micro["response_mask"].device) for micro in micro_batches]
