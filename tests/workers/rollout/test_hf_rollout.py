@@ -323,6 +323,18 @@ def test_diverged_weights_are_named_when_sampling(model):
         engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=4))
 
 
+@pytest.mark.parametrize("static_decode", [False, True])
+def test_diverged_weights_are_named_by_both_loops_without_the_samplers_check(model, static_decode):
+    """Greedy decoding never reaches the sampler's check (on CUDA that check is skipped: it would sync per token):
+    both loops see the NaN in the sampled tokens' log-probs, the static loop at its periodic sync."""
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.lm_head.weight.fill_(float("nan"))
+    engine = HFRollout(broken, TagTokenizer(), config={"static_decode": static_decode})
+    with pytest.raises(FloatingPointError, match="weights have diverged"):
+        engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=40))
+
+
 # ---- the static decode loop (rollout.static_decode; on by default on CUDA) ----------------------------------------
 def _completions(engine, params, prompts=PROMPTS):
     return [(c.token_ids, c.finish_reason, c.stop_reason) for group in engine.generate(prompts, params)

@@ -30,6 +30,7 @@ which this engine does not return.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -62,6 +63,14 @@ STATIC_DONE_CHECK = 16
 STATIC_CACHES_KEPT = 2
 # Why a row of the static loop finished, in _finished's order of precedence.
 _RUNNING, _EOS, _STOP_TOKEN, _LENGTH = 0, 1, 2, 3
+
+
+def diverged_weights() -> FloatingPointError:
+    """The error a rollout raises when the model's next-token logits are NaN or inf."""
+    return FloatingPointError(
+        "the rollout model's next-token logits are NaN or inf, so no token can be sampled: its weights have diverged. "
+        "Look at the steps before (actor/grad_norm, actor/skipped_steps, actor/pg_loss) and lower "
+        "actor_rollout_ref.actor.optim.lr or set actor_rollout_ref.actor.grad_clip")
 
 
 def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -237,18 +246,25 @@ class HFRollout(RolloutEngine):
         stop_window = self._stop_window(params)
         for _ in range(max(max_tokens)):
             tokens, log_probs, entropies, top = self._sample(logits, params)
-            # The step's results reach the host once, not once per row (each read of a CUDA tensor is a sync).
-            top_values, top_ids = (top.values.tolist(), top.indices.tolist()) if top is not None else (None, None)
+            # The step's results reach the host in one read (each read of a CUDA tensor is a sync), packed as float64:
+            # exact for the float32 values and for token ids.
+            columns = [tokens[:, None], log_probs[:, None], entropies[:, None]]
+            if top is not None:
+                columns += [top.values, top.indices]
+            host = torch.cat([c.double() for c in columns], dim=1).tolist()
+            k = top.values.shape[-1] if top is not None else 0
+            if any(math.isnan(row[1]) for row in host):
+                raise diverged_weights()
             keep = []
-            for j, (token, log_prob, entropy) in enumerate(
-                zip(tokens.tolist(), log_probs.tolist(), entropies.tolist())
-            ):
+            for j, row in enumerate(host):
+                token, log_prob, entropy = int(row[0]), row[1], row[2]
                 completion = completions[active[j]]
                 completion.token_ids.append(token)
                 completion.log_probs.append(log_prob)
                 completion.entropies.append(entropy)
                 if top is not None:
-                    completion.top_log_probs.append(self._top_entry(top_values[j], top_ids[j], token, log_prob))
+                    completion.top_log_probs.append(
+                        self._top_entry(row[3 : 3 + k], [int(i) for i in row[3 + k :]], token, log_prob))
                 if not self._finished(completion, params, stop_window, max_tokens[active[j]]):
                     keep.append(j)
             if not keep:
@@ -308,21 +324,31 @@ class HFRollout(RolloutEngine):
         eos = torch.tensor(sorted(self.eos_token_ids), dtype=torch.long, device=self.device)
         stop_ids = torch.tensor(list(params.stop_token_ids or ()), dtype=torch.long, device=self.device)
         last = torch.tensor(max_tokens, dtype=torch.long, device=self.device) - 1
+        diverged = torch.zeros((), dtype=torch.bool, device=self.device)  # a NaN log-prob, read at the syncs below
         for t in range(steps):
             tokens, log_probs, entropies, _ = self._sample(logits, params)
             tokens_out[:, t], log_probs_out[:, t], entropies_out[:, t] = tokens, log_probs, entropies
+            diverged |= log_probs.isnan().any()
             why = torch.where(torch.isin(tokens, eos), _EOS,
                               torch.where(torch.isin(tokens, stop_ids), _STOP_TOKEN,
                                           torch.where(last <= t, _LENGTH, _RUNNING)))
             ends_now = (reason == _RUNNING) & (why != _RUNNING)
             end = torch.where(ends_now, t, end)
             reason = torch.where(ends_now, why, reason)
-            if t + 1 == steps or ((t + 1) % STATIC_DONE_CHECK == 0 and bool((reason != _RUNNING).all())):
+            if t + 1 == steps:
                 break
+            if (t + 1) % STATIC_DONE_CHECK == 0:
+                done, nan = torch.stack([(reason != _RUNNING).all(), diverged]).tolist()
+                if nan:
+                    raise diverged_weights()
+                if done:
+                    break
             mask[:, prompt_len + t] = 1
             position_ids += 1
             logits = self._decode_step(tokens[:, None], mask, position_ids, cache)
 
+        if bool(diverged):
+            raise diverged_weights()
         # The one read of the results on the host.
         tokens_host, log_probs_host, entropies_host = (x.cpu().numpy() for x in (tokens_out, log_probs_out,
                                                                                   entropies_out))
@@ -355,10 +381,7 @@ class HFRollout(RolloutEngine):
             logits = logits / params.temperature
             probs = F.softmax(top_k_top_p_filter(logits, params.top_k, params.top_p), dim=-1)
             if probs.device.type == "cpu" and not bool(torch.isfinite(probs).all()):  # free on the CPU; no sync on CUDA
-                raise FloatingPointError(
-                    "the rollout model's next-token logits are NaN or inf, so no token can be sampled: its weights "
-                    "have diverged. Look at the steps before (actor/grad_norm, actor/skipped_steps, actor/pg_loss) "
-                    "and lower actor_rollout_ref.actor.optim.lr or set actor_rollout_ref.actor.grad_clip")
+                raise diverged_weights()  # (the loops see it on CUDA: the sampled token's log-prob is NaN)
             tokens = sample_from_probs(probs, self.generator)
         top = None
         if params.logprobs:
