@@ -420,6 +420,27 @@ def test_a_runs_rollouts_share_one_cache_shape_and_validation_keeps_its_own(mode
     assert list(static._static_caches) == [(3, length), (1, length)]
 
 
+def test_on_cuda_a_smaller_batch_decodes_in_a_kept_caches_rows(model):
+    """Where each batch shape is a compiled graph (pad_to_kept_rows, CUDA's default), a batch with up to half fewer
+    rows than a kept cache of its length (a last partial validation batch) runs in that cache's rows, beside copies
+    of its last request, and gets the completions it gets alone; a batch under half its rows gets its own."""
+    config = {"static_decode": True, "prompt_length": 8, "response_length": 10}
+    eager = HFRollout(copy.deepcopy(model), TagTokenizer(), config={"static_decode": False})
+    static = HFRollout(copy.deepcopy(model), TagTokenizer(), config=config)
+    assert not static.pad_to_kept_rows  # on the CPU nothing is compiled: each batch decodes its own rows
+    static.pad_to_kept_rows = True
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    four = PROMPTS + [[7, 7, 8]]
+    assert _completions(static, params, four) == _completions(eager, params, four)
+    kept = dict(static._static_caches)
+    assert len(kept) == 1
+    for prompts in (PROMPTS, PROMPTS[:2]):  # 3 and 2 rows: in the 4-row cache
+        assert _completions(static, params, prompts) == _completions(eager, params, prompts)
+        assert static._static_caches == kept
+    assert _completions(static, params, PROMPTS[:1]) == _completions(eager, params, PROMPTS[:1])
+    assert len(static._static_caches) == 2  # 1 row in 4 would waste too much: a cache of its own
+
+
 def test_only_a_static_engine_on_cuda_keeps_its_weights_through_sleep(model):
     """weights_resident (the compiled graphs read the weights at fixed addresses) is CUDA's; a static engine on the
     CPU frees them like the eager one (tests/gpu/test_gpu_decode.py checks the CUDA side)."""
