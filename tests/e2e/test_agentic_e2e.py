@@ -99,7 +99,7 @@ def test_arpo_trains_three_steps_with_tools_and_branches(ray_session, tool_task,
     assert check_masks(trainer, batch) > 0
 
 
-@pytest.mark.parametrize("engine, beam", [("vllm", 1), ("hf", 2)])
+@pytest.mark.parametrize("engine, beam", [pytest.param("vllm", 1, marks=pytest.mark.vllm), ("hf", 2)])
 def test_async_tool_agent_trains_with_the_seed_python_tool(ray_session, tool_task, tmp_path, engine, beam):
     """rollout.mode=async (verl's agent loops) with tool_agent as the default loop: every sample is its own loop,
     the seeds' <python> calls run in the sandbox through the verl-style tool adapter, results stay out of the loss;
@@ -121,6 +121,7 @@ def test_async_tool_agent_trains_with_the_seed_python_tool(ray_session, tool_tas
     assert check_masks(trainer, batch) > 0
 
 
+@pytest.mark.vllm
 def test_arpo_runs_on_vllm_with_tools_and_branches(ray_session, tool_task, tmp_path):
     """The same agent loop with vLLM as the engine: tool rounds, branches, exact groups, masks; the engine's
     log-probs of the model's own tokens are the actor's."""

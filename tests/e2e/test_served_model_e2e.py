@@ -30,7 +30,7 @@ from verl.workers.rollout.hf_rollout import HFRollout
 from verl.workers.rollout.openai_rollout import OpenAIRollout
 from verl.workers.tools.manager import ToolManager
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATASETS = {"products": (4, 3), "small_products": (2, 2)}  # name -> digits of the two factors

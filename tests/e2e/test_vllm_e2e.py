@@ -8,7 +8,7 @@ import pytest
 import torch
 from e2e_utils import fit_trainer, tiny_overrides
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 VLLM = "actor_rollout_ref.rollout.name=vllm"
 

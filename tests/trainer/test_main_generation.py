@@ -142,6 +142,7 @@ def test_livecodebench_sample_is_generated_and_graded_in_parallel(tiny_model_dir
 
 
 @pytest.mark.e2e
+@pytest.mark.vllm
 def test_vllm_engine_writes_the_hf_engines_greedy_responses(tiny_model_dir, four_prompts, tmp_path):
     """rollout.name=vllm (in a subprocess: vLLM joins torch.distributed and changes process-wide torch settings)."""
     greedy = ["data.n_samples=1", "rollout.do_sample=false"]

@@ -154,6 +154,7 @@ def test_a_served_reward_model_reaches_the_reward_function_as_reward_router_addr
     assert not manager.rm_score_in_extra_info  # no reward-model workers put scores in the batch
 
 
+@pytest.mark.vllm
 def test_a_served_reward_model_needs_a_generative_model_and_a_function_that_calls_it(tiny_model_dir, tmp_path):
     from verl.trainer.config import load_config
     from verl.trainer.ppo.reward import check_served_reward_model

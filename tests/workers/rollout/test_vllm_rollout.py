@@ -13,7 +13,7 @@ import torch
 
 from verl.workers.rollout.base import SamplingParams
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 
 @ray.remote(num_cpus=1)
