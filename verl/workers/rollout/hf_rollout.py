@@ -300,14 +300,16 @@ class HFRollout(RolloutEngine):
         longest = max(self._prompt_length, *(len(r) for r in requests))
         prompt_len = -(-longest // STATIC_PROMPT_BUCKET) * STATIC_PROMPT_BUCKET
         length = prompt_len + max(steps, self._response_length)
-        wider = [r for r, n in self._static_caches if n == length and rows < r <= 2 * rows]
-        if self.pad_to_kept_rows and (rows, length) not in self._static_caches and wider:
+        if self.pad_to_kept_rows and (rows, length) not in self._static_caches:
             # A smaller batch (a last partial validation batch, a micro-batch remainder) decodes in a kept cache's
             # rows, beside copies of its last request that stop after one token, instead of compiling and
             # recording a graph for its own shape (and evicting one that the next rollout needs).
-            spare = min(wider) - rows
-            padded = self._generate_batch_static(requests + [requests[-1]] * spare, params, max_tokens + [1] * spare)
-            return padded[:rows]
+            wider = [r for r, n in self._static_caches if n == length and rows < r <= 2 * rows]
+            if wider:
+                spare = min(wider) - rows
+                padded = self._generate_batch_static(requests + [requests[-1]] * spare, params,
+                                                     max_tokens + [1] * spare)
+                return padded[:rows]
         input_ids = pad_2d_list_to_tensor(requests, self.pad_token_id, prompt_len, left=True).to(self.device)
         prompt_mask = pad_2d_list_to_tensor([[1] * len(r) for r in requests], 0, prompt_len, left=True).to(self.device)
         # The whole attention mask, prompt and response, in one buffer: a decode step sets its column to 1.

@@ -115,7 +115,8 @@ def config_problems(rollout, model_path: str | None, device: str, n_ranks: int, 
         if rollout.get("entropy_mode") == "exact":
             problems.append(f"{prefix}.entropy_mode=exact needs full-vocabulary entropies, which vLLM does not "
                             f"compute; use entropy_mode=topk (ARPO's estimate) or {prefix}.name=hf")
-    if installed and device == "cpu" and model_path and os.path.isfile(os.path.join(os.path.expanduser(model_path), "config.json")):
+    config_file = os.path.join(os.path.expanduser(model_path), "config.json") if model_path else None
+    if installed and device == "cpu" and config_file and os.path.isfile(config_file):
         from transformers import AutoConfig
 
         try:
