@@ -93,10 +93,11 @@ def _cudagraph_counts() -> dict[str, int]:
 def test_pushed_weights_reach_the_graph_without_re_recording(figures):
     """The trainer's cycle on a static engine (`weights_follow`, free_cache_engine): a rollout, a validation (another
     batch shape: the engine keeps its own KV cache, STATIC_CACHES_KEPT = 2), sleep while the actor trains, take the
-    pushed weights, the next rollout. The weights stay at the addresses the graph was captured with and the rollout's
-    cache is still there, so the next rollout replays the graph it recorded: no re-recording (torch caps them at 128
-    per graph, then runs without one) and no call without a graph (cudagraph trees' counters). It samples from the
-    new weights: its greedy tokens are those of a fresh engine built on them."""
+    pushed weights, the next rollout (and a one-row batch, between, in the rollout's two-row graph). The weights stay
+    at the addresses the graph was captured with and the rollout's cache is still there, so the next rollout replays
+    the graph it recorded: no re-recording (torch caps them at 128 per graph, then runs without one) and no call
+    without a graph (cudagraph trees' counters). It samples from the new weights: its greedy tokens are those of a
+    fresh engine built on them."""
     import torch
 
     from verl.workers.rollout.base import SamplingParams
@@ -114,6 +115,9 @@ def test_pushed_weights_reach_the_graph_without_re_recording(figures):
     assert recorded["cudagraph_recorded_non_static_inputs"] > start["cudagraph_recorded_non_static_inputs"], (
         f"the first rollout recorded no CUDA graph by torch's counters {recorded}: has torch renamed them?")
     _generate(engine, validation, greedy)
+    kept = _cudagraph_counts()
+    _generate(engine, validation[:1], greedy)  # one row: decoded in the kept two-row graph (pad_to_kept_rows)
+    assert _cudagraph_counts() == kept, "a one-row batch recorded a graph of its own beside the kept two-row one"
     addresses = [p.data_ptr() for p in engine.module.parameters()]
     engine.sleep()
     trained = copy.deepcopy(model)
