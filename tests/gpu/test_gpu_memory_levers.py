@@ -1,6 +1,7 @@
 """The memory levers of long responses on CUDA (issue 29): at the Qwen2.5-1.5B shape, one 8K-token response's actor
 update fits one 80 GB GPU with the fused log-probs and activation offload; the levers train in a GRPO run (bf16
-reference, fused log-probs, activation offload, HSDP's layout); Ulysses sequence parallelism on two GPUs."""
+reference, fused log-probs, activation offload, HSDP's layout, a bf16 actor with its optimizer state offloaded);
+Ulysses sequence parallelism on two GPUs."""
 
 from __future__ import annotations
 
@@ -74,6 +75,10 @@ def test_grpo_with_the_memory_levers(tiny_run, figures):
     run = tiny_run("memory_levers", "actor_rollout_ref.model.use_fused_kernels=true",
                    "actor_rollout_ref.model.enable_activation_offload=true", "actor_rollout_ref.actor.use_kl_loss=true",
                    "actor_rollout_ref.ref.fsdp_config.model_dtype=bf16", "actor_rollout_ref.actor.fsdp_config.fsdp_size=1",
+                   # a bf16 actor stepping float32 masters, which wait in host memory between updates with Adam's
+                   # moments (on the CPU optimizer_offload does nothing: only here does that path run in a job)
+                   "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16",
+                   "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
                    "algorithm.rollout_correction.bypass_mode=false")
     figures.update(run.figures())
     assert "fused log-probs" in run.output and "activation offload" in run.output
