@@ -766,6 +766,10 @@ def print_report(args: argparse.Namespace, results: dict[str, dict]) -> None:
         speedup = ratio if ratio > 1 else 1 / ratio
         print(f"\nratio of means: {speed_ratio(results, 's_per_step'):.2f}x")
         print(f"ratio (TRL s/step / Quiver s/step): {ratio:.2f}x (median steps; {faster} is faster, by {speedup:.2f}x)")
+    elif (partial := partial_medians({**results, **failed}, args.warmup)) is not None:
+        counts = ", ".join(f"{side} {n}" for side, (_, n) in partial.items())
+        print(f"\npartial ratio (TRL s/step / Quiver s/step): {partial['trl'][0] / partial['quiver'][0]:.2f}x, from the "
+              f"timed steps that finished before {', '.join(failed)} stopped ({counts}; median)")
 
 
 def print_gpu_memory(results: dict[str, dict]) -> None:
@@ -795,6 +799,32 @@ def speed_ratio(results: dict[str, dict], statistic: str) -> float:
     return results["trl"][statistic] / results["quiver"][statistic]
 
 
+def partial_medians(results: dict[str, dict], warmup: int) -> dict[str, tuple[float, int]] | None:
+    """Where a side failed or was interrupted after some timed steps: each side's (median seconds, steps timed) over
+    the steps after the warm-up that it finished; None unless both sides have some (or both finished)."""
+    medians = {}
+    for side in SIDES:
+        r = results.get(side, {})
+        timed = r.get("all_step_seconds", [])[warmup:] if "error" in r else None
+        if "error" not in r and "median_s" in r:
+            medians[side] = (r["median_s"], r["steps_timed"])
+        elif timed:
+            medians[side] = (statistics.median(timed), len(timed))
+    return medians if len(medians) == len(SIDES) else None
+
+
+def wait_for_gpu_memory(target_mib: float | None, timeout_s: float = 30.0) -> None:
+    """Before a side starts on a GPU: wait (at most `timeout_s`) until the memory in use is back within 1 GiB of
+    `target_mib`, what was in use before the first side, so that the previous side's worker, which Ray may still be
+    ending, is not counted in this side's baseline."""
+    deadline = time.monotonic() + timeout_s
+    while target_mib is not None and time.monotonic() < deadline:
+        used = gpu_memory_used_mib()
+        if used is None or used <= target_mib + 1024:
+            return
+        time.sleep(0.5)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -810,9 +840,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="grpo_step_") as work_dir:
         args.work_dir = work_dir
         side = None
+        before_first = gpu_memory_used_mib() if args.device == "cuda" else None
         try:
             prepare_inputs(work_dir, args)
             for side in sides:
+                wait_for_gpu_memory(before_first)
                 results[side] = run_side_in_child(side, args, strip_side_flags(argv))
                 print_side(side, results[side])
                 write_results(args, header, results, "running")
@@ -837,6 +869,9 @@ def write_results(args: argparse.Namespace, header: dict, results: dict[str, dic
     if all(side in results and "error" not in results[side] for side in SIDES):
         report["ratio_trl_over_quiver_median"] = speed_ratio(results, "median_s")
         report["ratio_trl_over_quiver_mean"] = speed_ratio(results, "s_per_step")
+    elif (partial := partial_medians(results, args.warmup)) is not None:
+        report["partial_ratio_trl_over_quiver_median"] = partial["trl"][0] / partial["quiver"][0]
+        report["partial_steps_timed"] = {side: n for side, (_, n) in partial.items()}
     write_json(args.out, report)
 
 
