@@ -503,6 +503,13 @@ def _proc_ticks() -> tuple[int, dict[int, tuple[int, int]]]:
     return user + nice + system + irq + softirq + steal, processes
 
 
+def _measuring_ticks() -> float:
+    """CPU ticks of this process and of the children it has waited for so far (the GPU sampler's nvidia-smi calls):
+    the measuring itself, which is counted with the side, not as other processes' work."""
+    t = os.times()
+    return (t.user + t.system + t.children_user + t.children_system) * os.sysconf("SC_CLK_TCK")
+
+
 def _pss_bytes(pid: int) -> int:
     """Proportional set size of one process (shared pages split among the processes that map them); 0 if gone."""
     try:
@@ -579,8 +586,8 @@ def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25, gpu
 
     Other people's jobs on the same cores slow either side down (TRL's two torch threads most of all), so each
     result carries the "others" figure: trust a comparison only when it is near 0 for both sides. The child's process
-    tree is sampled every `interval_s`; CPU time of its processes that end between samples is counted as foreign, so
-    "others" errs high, and a memory peak shorter than the interval can be missed. With `steps_done` (how many steps
+    tree is sampled every `interval_s` (the sampling's own CPU, this process's and its nvidia-smi calls', counts with
+    the side); CPU time of its processes that end between samples is counted as foreign, so "others" errs high, and a memory peak shorter than the interval can be missed. With `steps_done` (how many steps
     the child has finished, read from what it writes as it runs), "others" is also taken over the timed steps alone,
     from the end of the `warmup` steps on (`foreign_cpu_cores_timed`): a run whose start-up overlapped other work
     (the GPU check's last lanes) is still comparable when its timed steps were not.
@@ -589,17 +596,19 @@ def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25, gpu
     if sampler is not None:
         sampler.start()
     start_busy, _ = _proc_ticks()
+    start_measuring = _measuring_ticks()
     start = time.perf_counter()
     child = subprocess.Popen(command, env=env)
     own_ticks: dict[int, int] = {}
-    busy, wall, peak_tree, peak_machine = start_busy, 0.0, 0, 0
+    busy, wall, peak_tree, peak_machine, measuring = start_busy, 0.0, 0, 0, 0.0
     window = None  # (wall, busy ticks, own ticks) when the timed steps began
     try:
-        while child.poll() is None:
+        while child.poll() is None:  # the child is reaped (its CPU joins os.times' children) only when it ends
             busy, processes = _proc_ticks()
+            measuring = _measuring_ticks() - start_measuring
             wall = time.perf_counter() - start
             if window is None and steps_done is not None and steps_done() >= warmup:
-                window = (wall, busy, sum(own_ticks.values()))
+                window = (wall, busy, sum(own_ticks.values()) + measuring)
             tree, grown = {child.pid}, True
             while grown:
                 before = len(tree)
@@ -617,13 +626,13 @@ def run_and_measure(command: list[str], env: dict, interval_s: float = 0.25, gpu
             except subprocess.TimeoutExpired:
                 child.kill()
         gpu_figures = sampler.stop() if sampler is not None else {}
-    foreign_ticks = busy - start_busy - sum(own_ticks.values())  # up to the last sample
+    foreign_ticks = busy - start_busy - sum(own_ticks.values()) - measuring  # up to the last sample
     tick = os.sysconf("SC_CLK_TCK")
     measured = {"returncode": child.returncode,
                 "foreign_cpu_cores": max(0.0, foreign_ticks / tick / max(wall, 1e-9)),
                 "peak_tree_gb": peak_tree / 2**30, "peak_machine_gb": peak_machine / 2**30, **gpu_figures}
     if window is not None and wall - window[0] >= 1.0:  # a shorter window is a sample or two: noise
-        timed_foreign = (busy - window[1]) - (sum(own_ticks.values()) - window[2])
+        timed_foreign = (busy - window[1]) - (sum(own_ticks.values()) + measuring - window[2])
         measured["foreign_cpu_cores_timed"] = max(0.0, timed_foreign / tick / (wall - window[0]))
     return measured
 
