@@ -10,6 +10,21 @@ from gloo_ranks import leave_group
 from verl.utils.fsdp_utils import FUSED_ADAMW_MIN_TORCH, build_optimizer, count_skipped_steps, move_optimizer_state
 
 
+def _spawn_ranks(rank_fn, *args, nprocs: int = 1) -> dict:
+    """Run `rank_fn(rank, port, *args, results)` in `nprocs` spawned processes (a gloo group on a free local port);
+    what the ranks put in `results` (rank -> "ok" or their error)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(rank_fn, args=(port, *args, results), nprocs=nprocs, join=True)
+    return results
+
+
 def test_build_optimizer_on_cpu_is_fused_adamw_over_the_trainable_parameters():
     """Parameters on the CPU: torch's fused AdamW from FUSED_ADAMW_MIN_TORCH on (torch's own choice before), the
     trainable parameters only, and the step of a plain single-tensor AdamW within float32 rounding."""
@@ -102,15 +117,7 @@ def _dtensor_masters_move(rank: int, port: int, results) -> None:
 def test_fsdp2s_dtensor_masters_move_with_their_shards():
     """With FSDP2 the masters are DTensors, and `master.data = master.data.to(device)` would move only the wrapper
     (its device says host, the shard's storage stays on the GPU): optimizer_offload freed nothing of them."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.spawn(_dtensor_masters_move, args=(port, results), nprocs=1, join=True)
+    results = _spawn_ranks(_dtensor_masters_move)
     assert results[0] == "ok", results[0]
 
 
@@ -202,15 +209,7 @@ def _one_rank_gradients(rank: int, port: int, results) -> None:
 def test_one_cpu_rank_keeps_its_model_unsharded_with_fsdp2s_gradients():
     """shard_model on a one-rank CPU mesh leaves the model as it is (no DTensors, no FSDP2 buffers to copy through),
     and its gradients are those of FSDP2 at one rank."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.spawn(_one_rank_gradients, args=(port, results), nprocs=1, join=True)
+    results = _spawn_ranks(_one_rank_gradients)
     assert results[0] == "ok", results[0]
 
 
@@ -323,13 +322,5 @@ def test_hsdp_updates_like_fsdp_and_its_checkpoint_loads_on_another_layout(tmp_p
     """fsdp_size=1 on 2 ranks (HSDP: replicated, nothing sharded) gives plain FSDP's update; its checkpoint loads
     into a model sharded over both ranks and merges into the same full tensors, and a plain checkpoint loads into
     HSDP's layout."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    results = mp.Manager().dict()
-    mp.spawn(_hsdp_rank, args=(port, str(tmp_path), results), nprocs=2, join=True)
+    results = _spawn_ranks(_hsdp_rank, str(tmp_path), nprocs=2)
     assert dict(results) == {0: "ok", 1: "ok"}, dict(results)
