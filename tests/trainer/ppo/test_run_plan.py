@@ -2,7 +2,6 @@
 gives the PPO ratio its old log-probs (algorithm.rollout_correction.bypass_mode), then the rest of the plan."""
 
 import dataclasses
-import importlib.util
 
 import pytest
 from omegaconf import OmegaConf
@@ -184,7 +183,7 @@ def test_a_large_actor_runs_one_rank_per_cpu_node_with_all_its_cores():
         _plan("data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "trainer.cpu_ranks_per_node=3")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (its CPU build) is not installed")
+@pytest.mark.vllm
 def test_auto_takes_vllms_cpu_build_for_a_large_actor_it_can_run(tmp_path):
     from transformers import Qwen2Config
 
