@@ -90,8 +90,10 @@ def test_group_metric_values_lookup():
     values = group_metric_values(batch, "acc")
     assert values.dtype == np.float64 and values.tolist() == [1.0, 0.0]
 
-    with pytest.raises(ValueError, match=r"algorithm\.filter_groups\.metric='nope'.*'acc'.*'seq_final_reward'"):
+    with pytest.raises(ValueError, match=r"algorithm\.filter_groups\.metric='nope'.*'acc'.*'seq_final_reward'") as err:
         group_metric_values(batch, "nope")
+    assert "'pred'" not in str(err.value) and "'uid'" not in str(err.value)  # only columns the filter can use
+    assert "returns a dict" in str(err.value)
     with pytest.raises(ValueError, match=r"metric='pred'.*not numeric"):
         group_metric_values(batch, "pred")
     batch.batch.pop("token_level_rewards")

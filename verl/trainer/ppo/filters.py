@@ -39,14 +39,25 @@ def group_metric_values(batch: DataProto, metric: str) -> np.ndarray:
             )
         return batch.batch[key].sum(dim=-1).double().cpu().numpy()
     if metric not in batch.non_tensor_batch:
-        available = sorted(set(_TENSOR_METRICS) | set(batch.non_tensor_batch))
-        raise ValueError(f"algorithm.filter_groups.metric={metric!r} is unknown; available: {available}")
-    try:
-        return np.asarray(batch.non_tensor_batch[metric], dtype=np.float64)
-    except (TypeError, ValueError) as err:
+        usable = sorted(set(_TENSOR_METRICS) | {key for key, column in batch.non_tensor_batch.items()
+                                                if _as_float64(column) is not None})
         raise ValueError(
-            f"algorithm.filter_groups.metric={metric!r}: non_tensor_batch[{metric!r}] is not numeric"
-        ) from err
+            f"algorithm.filter_groups.metric={metric!r} is not a column of this batch; usable here: {usable}. "
+            "Other names come from the reward function: one that returns a dict (e.g. {'score': s, 'acc': a}, as "
+            "the math_dapo scorer does) adds each key as a column"
+        )
+    values = _as_float64(batch.non_tensor_batch[metric])
+    if values is None:
+        raise ValueError(f"algorithm.filter_groups.metric={metric!r}: non_tensor_batch[{metric!r}] is not numeric")
+    return values
+
+
+def _as_float64(column) -> np.ndarray | None:
+    """`column` as float64 values, or None where it holds something else (strings, dicts, None)."""
+    try:
+        return np.asarray(column, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
 
 
 def _group_ranges(uids: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
