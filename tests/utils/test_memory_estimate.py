@@ -229,6 +229,26 @@ def test_vllm_on_cuda_takes_its_memory_share_while_generating():
     assert "vllm (gpu_memory_utilization)" not in phases["update_actor"]  # asleep (free_cache_engine)
 
 
+
+def test_vllm_on_a_cpu_keeps_its_weights_and_kv_cache_all_step(monkeypatch):
+    """The KV cache vLLM starts with on a CPU: engine_kwargs' size, else VLLM_CPU_KVCACHE_SPACE (GiB), else the
+    engine's default (VLLM_CPU_KV_CACHE_BYTES); the estimate needs nothing else to know it."""
+    from verl.utils.memory_estimate import VLLM_CPU_KV_CACHE_BYTES
+
+    def cpu_phases(*overrides):
+        config = small_config("actor_rollout_ref.rollout.name=vllm", *overrides)
+        return estimate_ppo_memory(config, plan_run(config, "cpu"), {"actor": SMALL}).phases
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    phases = cpu_phases()
+    for phase in ("generate", "update_actor"):  # no sleep mode on a CPU
+        assert phases[phase]["vllm KV cache"] == VLLM_CPU_KV_CACHE_BYTES == GIB
+        assert phases[phase]["vllm weights"] == 4 * SMALL.parameters
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert cpu_phases()["generate"]["vllm KV cache"] == 2 * GIB
+    sized = cpu_phases("+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=1000")
+    assert sized["generate"]["vllm KV cache"] == 1000
+
 def test_model_shape_counts_the_parameters_of_config_json(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
@@ -240,6 +260,32 @@ def test_model_shape_counts_the_parameters_of_config_json(tiny_model_dir):
     lora = read_model_shape(tiny_model_dir, lora_rank=4, target_modules="q_proj,v_proj")
     # q_proj 64 -> 64 and v_proj 64 -> 32 in each of the 2 layers, r (in + out) each.
     assert lora.trainable == 2 * 4 * ((64 + 64) + (64 + 32))
+    # The tiny model ties its head to the input embedding, as Qwen2.5-0.5B does; the critic's scalar head is its own.
+    assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+    assert shape.tied_embedding == model.config.vocab_size * 64
+    assert read_model_shape(tiny_model_dir, head="token").tied_embedding == 0
+
+
+def test_a_tied_head_adds_two_embedding_gradients_at_the_end_of_the_backward():
+    """Autograd holds the tied head's gradient until the embedding's arrives, then sums them: 2 more copies of the
+    embedding's gradient beside all the others (measured at the Qwen2.5-0.5B shape on one CPU rank: update_actor 8.38
+    GiB above the process, estimated 7.55 without this term, 8.44 with it). Counted where it is larger than a layer's
+    backward temporaries, and only when the embedding trains (not under LoRA)."""
+    config = small_config("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                          "actor_rollout_ref.model.enable_gradient_checkpointing=false")
+    plan = plan_run(config, "cpu")
+    untied = estimate_ppo_memory(config, plan, {"actor": SMALL}).phases["update_actor"]
+    tied_shape = dataclasses.replace(SMALL, tied_embedding=400)  # the 400 weights outside the layers, say
+    tied = estimate_ppo_memory(config, plan, {"actor": tied_shape}).phases["update_actor"]
+    # Two ranks: the root group's gradient is unsharded in the compute dtype (float32 on a CPU) -- 2 x 4 x 400 bytes,
+    # more than the layer gradients' 2560, which it replaces at that moment.
+    assert tied == {**{k: v for k, v in untied.items() if k != "layer gradients"},
+                    "tied embedding gradients": 2 * 4 * 400}
+    assert untied["layer gradients"] == 2560
+    small_tie = estimate_ppo_memory(config, plan, {"actor": dataclasses.replace(SMALL, tied_embedding=20)})
+    assert small_tie.phases["update_actor"] == untied  # 2 x 4 x 20 < 2560: the layer's moment is the peak
+    lora = dataclasses.replace(tied_shape, trainable=100)
+    assert "tied embedding gradients" not in estimate_ppo_memory(config, plan, {"actor": lora}).phases["update_actor"]
 
 
 # A model where a micro-batch's logits dominate: 151936 vocabulary entries, as Qwen2.5's.

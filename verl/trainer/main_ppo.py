@@ -134,12 +134,9 @@ def plan_ppo_run(config: DictConfig, device: str) -> tuple[RunPlan, MemoryEstima
     parameters = shapes["actor"].parameters if shapes else None
     plan = plan_run(config, device, parameters)
     announce_inert_keys(config, plan.rollout_engine, plan.device)
-    kv_cache_bytes = None  # vLLM's default KV cache on CPU, read only when vLLM runs there (its import sets env vars)
-    if device == "cpu" and plan.rollout_engine == "vllm":
-        from verl.workers.rollout.vllm_rollout import CPU_KV_CACHE_BYTES as kv_cache_bytes
     estimate = None
     if shapes is not None:
-        plan, estimate = check_ppo_memory(config, plan, shapes, vllm_cpu_kv_cache_bytes=kv_cache_bytes,
+        plan, estimate = check_ppo_memory(config, plan, shapes,
                                           replan=lambda changed: plan_run(changed, device, parameters))
     print(plan.describe())
     return plan, estimate

@@ -13,7 +13,9 @@ c bytes of the plan's compute dtype (the parameters' on CPU; `fsdp_config.dtype`
     weights          w P / S        each model in its model_dtype, sharded by FSDP2 (param_offload: host)
     optimizer        8 T / S        AdamW's two float32 moments (optimizer_offload: host between updates); with
                                     w < 4 also the float32 masters, 4 T / S
-    gradients        w T / S        sharded; plus c x the root group's weights (embeddings, head) unsharded in backward
+    gradients        w T / S        sharded; plus c x the root group's weights (embeddings, head) unsharded in backward;
+                                    a head tied to the embedding (E parameters): 2 g E more at the backward's end
+                                    (g: c when the root group is unsharded, else w), if larger than a layer's temporaries
     gathered weights c P            the layers gathered by FSDP2 and kept from forward to backward
                                     (reshard_after_forward false, the CPU default); with resharding, the root group
                                     and two layers; none with one rank in float32 (the shard is the whole tensor)
@@ -82,6 +84,10 @@ ADAM_BYTES = 8  # AdamW's exp_avg and exp_avg_sq in float32
 # A worker process before its models: on CPU the interpreter with torch and transformers (measured 0.45 GiB RSS); on
 # CUDA its context.
 PROCESS_BYTES = 512 * 1024**2
+# vLLM's KV cache per rank on a CPU unless engine_kwargs.vllm.kv_cache_memory_bytes or VLLM_CPU_KVCACHE_SPACE sets it
+# (verl/workers/rollout/vllm_rollout.py starts the engine with it): a fixed size, as vLLM's CPU backend would otherwise
+# read gpu_memory_utilization as a share of all host memory.
+VLLM_CPU_KV_CACHE_BYTES = 1 << 30
 # Float32 copies of the (response tokens x vocabulary) logits alive at the peak of logprobs_and_entropy and its
 # backward (verl/utils/torch_functional.py), by (gradient, entropy); measured with torch 2.13: the logits, logits / T
 # and the log-softmax (its gradient replaces logits / T in the backward); the entropy adds the softmax, its product
@@ -118,6 +124,7 @@ class ModelShape:
     heads: int
     kv_dim: int  # key/value heads x head dim
     vocab: int  # 0 for a model with a scalar head (the critic, a reward model)
+    tied_embedding: int = 0  # parameters the input embedding shares with the LM head (tie_word_embeddings), else 0
 
     @property
     def root_parameters(self) -> int:
@@ -171,6 +178,8 @@ def read_model_shape(
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     parameters = sum(p.numel() for p in model.parameters())
     trainable = parameters
+    embedding, output = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head == "lm" and output is not None and output.weight is embedding.weight
     if lora_rank > 0:
         trainable = sum(
             lora_rank * (module.in_features + module.out_features)
@@ -187,6 +196,7 @@ def read_model_shape(
         heads=heads,
         kv_dim=(getattr(text, "num_key_value_heads", None) or heads) * head_dim,
         vocab=text.vocab_size if head == "lm" else 0,
+        tied_embedding=embedding.weight.numel() if tied else 0,
     )
 
 
@@ -336,12 +346,10 @@ def estimate_ppo_memory(
     shapes: dict[str, ModelShape],
     capacity: int | None = None,
     capacity_source: str = "",
-    vllm_cpu_kv_cache_bytes: int | None = None,
 ) -> MemoryEstimate:
     """The per-rank estimate of a run: its facts from `plan` (a RunPlan), the memory settings (offload, gradient
     checkpointing, logits chunking, the engine's cache) and lengths from `config`. `shapes`: "actor", and "critic" /
-    "reward_model" when the run has them (`ppo_model_shapes`). `vllm_cpu_kv_cache_bytes`: vLLM's KV cache on CPU when
-    neither engine_kwargs nor VLLM_CPU_KVCACHE_SPACE sets it."""
+    "reward_model" when the run has them (`ppo_model_shapes`)."""
     arr, data = config.actor_rollout_ref, config.data
     actor_cfg, rollout, model_cfg = arr.actor, arr.rollout, arr.model
     cuda = plan.device == "cuda"
@@ -433,15 +441,21 @@ def estimate_ppo_memory(
             head_grad = root_grad or p.param_bytes * p.shape.root_parameters
         # After the first micro-batch of a mini-batch the earlier ones' (reduced, sharded) gradients are there too.
         held = p.param_bytes * p.shape.trainable // p.shard if p.accumulates else 0
+        # A head tied to the input embedding (tie_word_embeddings) gets its gradient twice: autograd holds the head's
+        # part until the embedding's own arrives at the end of the backward, then sums the two -- two more copies of
+        # the embedding's gradient at that moment, when the layers' temporaries are gone (measured at the 0.5B shape).
+        tied = 0
+        if p.shape.tied_embedding and p.shape.trainable == p.shape.parameters:
+            tied = 2 * (c if unsharded else p.param_bytes) * p.shape.tied_embedding
         parts, logits, (name, layer) = pass_parts(p, grad=True, entropy=entropy)
-        if logits + head_grad + held >= gradients + layer:
+        if logits + head_grad + held >= gradients + max(layer, tied):
             parts["logits"] = logits
             if head_grad:
                 parts["head gradient"] = head_grad
             if held:
                 parts["accumulated gradients"] = held
         else:
-            parts[name] = layer
+            parts.update({"tied embedding gradients": tied} if tied > layer else {name: layer})
             parts["gradients"] = gradients
         return parts
 
@@ -484,7 +498,7 @@ def estimate_ppo_memory(
         kv = (rollout.engine_kwargs.get("vllm") or {}).get("kv_cache_memory_bytes")
         if kv is None:
             space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-            kv = int(float(space) * GIB) if space else vllm_cpu_kv_cache_bytes
+            kv = int(float(space) * GIB) if space else VLLM_CPU_KV_CACHE_BYTES
         resident["vllm weights"] = engine_weights // rollout.tensor_model_parallel_size
         resident["vllm KV cache"] = int(kv)
     elif name == "trtllm" and cuda:
@@ -583,7 +597,6 @@ def size_micro_batches(
     plan: RunPlan,
     shapes: dict[str, ModelShape],
     capacity: int,
-    vllm_cpu_kv_cache_bytes: int | None = None,
 ) -> RunPlan:
     """The plan with each micro-batch size the config leaves unset (and no token budget replaces) chosen from the
     estimate: the largest divisor of the pass's share whose phase fits WARN_SHARE x `capacity` bytes, or 1 when none
@@ -599,9 +612,7 @@ def size_micro_batches(
             continue
         for size in (d for d in range(share, 0, -1) if share % d == 0):
             candidate = _with_micro(plan, field, dataclasses.replace(micro, size=size))
-            estimate = estimate_ppo_memory(
-                config, candidate, shapes, capacity, vllm_cpu_kv_cache_bytes=vllm_cpu_kv_cache_bytes
-            )
+            estimate = estimate_ppo_memory(config, candidate, shapes, capacity)
             if estimate.total(PASS_PHASES[field]) <= budget:
                 break
         plan = candidate  # the last one tried: the one that fits, else 1
@@ -793,7 +804,6 @@ def check_ppo_memory(
     config: DictConfig,
     plan: RunPlan,
     shapes: dict[str, ModelShape] | None = None,
-    vllm_cpu_kv_cache_bytes: int | None = None,
     *,
     replan: Callable[[DictConfig], RunPlan],
 ) -> tuple[RunPlan, MemoryEstimate | None]:
@@ -820,8 +830,8 @@ def check_ppo_memory(
         capacity, source = device_capacity(plan.device, plan.ranks_per_node)
 
     def sized_estimate(cfg: DictConfig, cfg_plan: RunPlan) -> tuple[RunPlan, MemoryEstimate]:
-        sized = size_micro_batches(cfg, cfg_plan, shapes, capacity, vllm_cpu_kv_cache_bytes)
-        return sized, estimate_ppo_memory(cfg, sized, shapes, capacity, source, vllm_cpu_kv_cache_bytes)
+        sized = size_micro_batches(cfg, cfg_plan, shapes, capacity)
+        return sized, estimate_ppo_memory(cfg, sized, shapes, capacity, source)
 
     def replanned(changed: DictConfig) -> MemoryEstimate:
         return sized_estimate(changed, replan(changed))[1]

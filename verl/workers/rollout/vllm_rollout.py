@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from verl.utils.memory_estimate import VLLM_CPU_KV_CACHE_BYTES
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
@@ -72,7 +73,6 @@ class _DropRotaryReloadWarning(logging.Filter):
         return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
-CPU_KV_CACHE_BYTES = 1 << 30
 # Engine arguments taken from the rollout config as they are (verl's names are vLLM's).
 _PASSTHROUGH_KEYS = ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "enable_prefix_caching",
                      "enforce_eager", "disable_log_stats")
@@ -265,7 +265,7 @@ class VLLMRollout(RolloutEngine):
             kwargs["enable_sleep_mode"] = True
         if on_cpu:
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+                kwargs["kv_cache_memory_bytes"] = VLLM_CPU_KV_CACHE_BYTES
         else:
             kwargs["gpu_memory_utilization"] = float(config_value(config, "gpu_memory_utilization"))
         kwargs.update(engine_extra_kwargs(config, "vllm"))
