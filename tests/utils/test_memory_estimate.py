@@ -267,25 +267,37 @@ def test_model_shape_counts_the_parameters_of_config_json(tiny_model_dir):
 
 
 def test_a_tied_head_adds_two_embedding_gradients_at_the_end_of_the_backward():
-    """Autograd holds the tied head's gradient until the embedding's arrives, then sums them: 2 more copies of the
-    embedding's gradient beside all the others (measured at the Qwen2.5-0.5B shape on one CPU rank: update_actor 8.38
-    GiB above the process, estimated 7.55 without this term, 8.44 with it). Counted where it is larger than a layer's
-    backward temporaries, and only when the embedding trains (not under LoRA)."""
+    """Autograd holds the plain tied head's gradient until the embedding's arrives at the end of the backward, then
+    sums them: 2 more copies of the embedding's gradient beside all the gradients, when the activations and the layers'
+    gathered weights are gone (measured at the Qwen2.5-0.5B shape on one CPU rank: update_actor 8.38 GiB above the
+    process, estimated 7.55 without this moment, 8.38 with it). That moment counts where it is the update's peak, and
+    only when the embedding trains (not under LoRA) through the plain head (the fused head's update measured within
+    its logits' peak)."""
     config = small_config("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
                           "actor_rollout_ref.model.enable_gradient_checkpointing=false")
     plan = plan_run(config, "cpu")
-    untied = estimate_ppo_memory(config, plan, {"actor": SMALL}).phases["update_actor"]
-    tied_shape = dataclasses.replace(SMALL, tied_embedding=400)  # the 400 weights outside the layers, say
+    # SMALL with 10,000 embedding weights outside its 2 layers of 300, tied to the head: the embedding dominates, as
+    # Qwen2.5-0.5B's 136M of its 494M parameters do.
+    heavy = dataclasses.replace(SMALL, parameters=10_600, trainable=10_600)
+    untied = estimate_ppo_memory(config, plan, {"actor": heavy}).phases["update_actor"]
+    tied_shape = dataclasses.replace(heavy, tied_embedding=10_000)
     tied = estimate_ppo_memory(config, plan, {"actor": tied_shape}).phases["update_actor"]
-    # Two ranks: the root group's gradient is unsharded in the compute dtype (float32 on a CPU) -- 2 x 4 x 400 bytes,
-    # more than the layer gradients' 2560, which it replaces at that moment.
-    assert tied == {**{k: v for k, v in untied.items() if k != "layer gradients"},
-                    "tied embedding gradients": 2 * 4 * 400}
-    assert untied["layer gradients"] == 2560
-    small_tie = estimate_ppo_memory(config, plan, {"actor": dataclasses.replace(SMALL, tied_embedding=20)})
-    assert small_tie.phases["update_actor"] == untied  # 2 x 4 x 20 < 2560: the layer's moment is the peak
+    resident = {k: tied[k] for k in ("actor weights", "actor optimizer", "processes")}
+    # Two ranks: the shard's gradients and the root group's 10,000 unsharded (float32 on a CPU), 2 x 4 x 10,000
+    # bytes for the tied copies, and the root group still gathered (the layers' gathered weights are released).
+    assert tied == {**resident, "gradients": 4 * 10_600 // 2 + 4 * 10_000, "tied embedding gradients": 2 * 4 * 10_000,
+                    "gathered weights": 4 * 10_000}
+    assert sum(tied.values()) > sum(untied.values()) and "tied embedding gradients" not in untied
+    # Where the last layer's backward holds more (SMALL's 400 root weights), the estimate is the untied one.
+    small_tie = estimate_ppo_memory(config, plan, {"actor": dataclasses.replace(SMALL, tied_embedding=400)})
+    assert small_tie.phases["update_actor"] == estimate_ppo_memory(config, plan, {"actor": SMALL}).phases["update_actor"]
     lora = dataclasses.replace(tied_shape, trainable=100)
     assert "tied embedding gradients" not in estimate_ppo_memory(config, plan, {"actor": lora}).phases["update_actor"]
+    fused = small_config("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+                         "actor_rollout_ref.model.use_fused_kernels=true")
+    phases = estimate_ppo_memory(fused, plan_run(fused, "cpu"), {"actor": tied_shape}).phases
+    assert "tied embedding gradients" not in phases["update_actor"]
 
 
 # A model where a micro-batch's logits dominate: 151936 vocabulary entries, as Qwen2.5's.

@@ -14,8 +14,8 @@ c bytes of the plan's compute dtype (the parameters' on CPU; `fsdp_config.dtype`
     optimizer        8 T / S        AdamW's two float32 moments (optimizer_offload: host between updates); with
                                     w < 4 also the float32 masters, 4 T / S
     gradients        w T / S        sharded; plus c x the root group's weights (embeddings, head) unsharded in backward;
-                                    a head tied to the embedding (E parameters): 2 g E more at the backward's end
-                                    (g: c when the root group is unsharded, else w), if larger than a layer's temporaries
+                                    the plain head tied to the embedding (E parameters): 2 g E more at the backward's
+                                    end (g: c when the root group is unsharded, else w), beside the gradients alone
     gathered weights c P            the layers gathered by FSDP2 and kept from forward to backward
                                     (reshard_after_forward false, the CPU default); with resharding, the root group
                                     and two layers; none with one rank in float32 (the shard is the whole tensor)
@@ -441,23 +441,28 @@ def estimate_ppo_memory(
             head_grad = root_grad or p.param_bytes * p.shape.root_parameters
         # After the first micro-batch of a mini-batch the earlier ones' (reduced, sharded) gradients are there too.
         held = p.param_bytes * p.shape.trainable // p.shard if p.accumulates else 0
-        # A head tied to the input embedding (tie_word_embeddings) gets its gradient twice: autograd holds the head's
-        # part until the embedding's own arrives at the end of the backward, then sums the two -- two more copies of
-        # the embedding's gradient at that moment, when the layers' temporaries are gone (measured at the 0.5B shape).
-        tied = 0
-        if p.shape.tied_embedding and p.shape.trainable == p.shape.parameters:
-            tied = 2 * (c if unsharded else p.param_bytes) * p.shape.tied_embedding
         parts, logits, (name, layer) = pass_parts(p, grad=True, entropy=entropy)
-        if logits + head_grad + held >= gradients + max(layer, tied):
+        # The plain head tied to the input embedding (tie_word_embeddings) gets its gradient twice: autograd holds
+        # the head's part until the embedding's own arrives at the very end of the backward, then sums the two: two
+        # more copies of the embedding's gradient beside all the others, when the layers' activations and gathered
+        # weights are gone (measured at the 0.5B shape on one CPU rank: 8.38 GiB against 7.55 without this moment;
+        # not with the fused head, whose update stayed within its logits' peak, benchmarks/memory_levers.py).
+        end = {}
+        if p.shape.tied_embedding and p.shape.trainable == p.shape.parameters and not plan.fused_logprobs:
+            end = {"gradients": gradients,
+                   "tied embedding gradients": 2 * (c if unsharded else p.param_bytes) * p.shape.tied_embedding}
+            if parts["gathered weights"]:  # the root group stays gathered to its end
+                end["gathered weights"] = min(parts["gathered weights"], c * p.shape.root_parameters)
+        if logits + head_grad + held >= gradients + layer:
             parts["logits"] = logits
             if head_grad:
                 parts["head gradient"] = head_grad
             if held:
                 parts["accumulated gradients"] = held
         else:
-            parts.update({"tied embedding gradients": tied} if tied > layer else {name: layer})
+            parts[name] = layer
             parts["gradients"] = gradients
-        return parts
+        return end if sum(end.values()) > sum(parts.values()) else parts
 
     # ---- what each process of the rank holds between its calls
     actor_fsdp = actor_cfg.fsdp_config
