@@ -34,9 +34,10 @@ c bytes of the plan's compute dtype (the parameters' on CPU; `fsdp_config.dtype`
                      share_cpu_engine; the static loop: the prompt bucketed to 64 tokens, and on CUDA, whose graphs
                      read them where they were captured, the copy and the cache kept all step); vllm and sglang
                      on CUDA: gpu_memory_utilization of the GPU; trtllm on CUDA: its weights in rollout.dtype all
-                     run + gpu_memory_utilization of the memory left free for its KV cache; vllm on CPU: 4 P + its
-                     KV cache (no sleep mode there); other engines (openai: a remote server; the user's own):
-                     nothing counted
+                     run + gpu_memory_utilization of the memory left free for its KV cache; vllm on CPU: 4 P +
+                     2 V h 4 (its CPU backend packs a copy of the input embedding and of the LM head for its
+                     matmuls, tied or not) + its KV cache (no sleep mode there); other engines (openai: a remote
+                     server; the user's own): nothing counted
     reward server    a served generative reward model on CUDA: reward_model.rollout.gpu_memory_utilization of the
                      GPU, all run
     process          PROCESS_BYTES per worker process (CUDA context, or on CPU the interpreter with torch)
@@ -88,6 +89,11 @@ PROCESS_BYTES = 512 * 1024**2
 # (verl/workers/rollout/vllm_rollout.py starts the engine with it): a fixed size, as vLLM's CPU backend would otherwise
 # read gpu_memory_utilization as a share of all host memory.
 VLLM_CPU_KV_CACHE_BYTES = 1 << 30
+# vLLM's CPU backend keeps its float32 weights and, for the vocabulary matrices, also a copy packed for its matmul
+# kernels (the linear layers' packed copy replaces their weight): one of the input embedding and one of the LM head,
+# tied or not. Measured on engines alone at hidden 896, 24 layers, 1 GiB of KV cache: 1.04 GiB above weights and cache
+# at vocabulary 151,936 (2 x 0.51), 0.26 at 32,000 (2 x 0.11), the same untied and with 12 layers.
+VLLM_CPU_PACKED_VOCAB_COPIES = 2
 # Float32 copies of the (response tokens x vocabulary) logits alive at the peak of logprobs_and_entropy and its
 # backward (verl/utils/torch_functional.py), by (gradient, entropy); measured with torch 2.13: the logits, logits / T
 # and the log-softmax (its gradient replaces logits / T in the backward); the entropy adds the softmax, its product
@@ -505,6 +511,9 @@ def estimate_ppo_memory(
             space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
             kv = int(float(space) * GIB) if space else VLLM_CPU_KV_CACHE_BYTES
         resident["vllm weights"] = engine_weights // rollout.tensor_model_parallel_size
+        resident["vllm packed vocabulary matrices"] = (
+            VLLM_CPU_PACKED_VOCAB_COPIES * actor.vocab * actor.hidden * FLOAT32_BYTES
+            // rollout.tensor_model_parallel_size)  # both are split over the tensor-parallel ranks
         resident["vllm KV cache"] = int(kv)
     elif name == "trtllm" and cuda:
         # Its own copy of the weights in rollout.dtype, never released (sleep frees only the KV cache), and a KV
