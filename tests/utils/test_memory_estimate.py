@@ -234,8 +234,8 @@ def test_vllm_on_a_cpu_keeps_its_weights_and_kv_cache_all_step(monkeypatch):
     """The KV cache vLLM starts with on a CPU: engine_kwargs' size, else VLLM_CPU_KVCACHE_SPACE (GiB), else the
     engine's default (VLLM_CPU_KV_CACHE_BYTES); the estimate needs nothing else to know it. Beside its float32 weights
     it holds a packed float32 copy of the input embedding and one of the LM head (measured at the Qwen2.5-0.5B shape:
-    1.04 GiB), split like the weights over a tensor-parallel group."""
-    from verl.utils.memory_estimate import VLLM_CPU_KV_CACHE_BYTES
+    1.04 GiB), split like the weights over a tensor-parallel group, and its process the libraries vLLM loads."""
+    from verl.utils.memory_estimate import VLLM_CPU_KV_CACHE_BYTES, VLLM_CPU_RUNTIME_BYTES
 
     def cpu_phases(*overrides):
         config = small_config("actor_rollout_ref.rollout.name=vllm", *overrides)
@@ -247,6 +247,7 @@ def test_vllm_on_a_cpu_keeps_its_weights_and_kv_cache_all_step(monkeypatch):
         assert phases[phase]["vllm KV cache"] == VLLM_CPU_KV_CACHE_BYTES == GIB
         assert phases[phase]["vllm weights"] == 4 * SMALL.parameters
         assert phases[phase]["vllm packed vocabulary matrices"] == 2 * 50 * 8 * 4  # vocab 50, hidden 8, float32
+        assert phases[phase]["processes"] == PROCESS_BYTES + VLLM_CPU_RUNTIME_BYTES  # the libraries vLLM loads
     two_way = cpu_phases("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2")
     assert two_way["generate"]["vllm weights"] == 4 * SMALL.parameters // 2
     assert two_way["generate"]["vllm packed vocabulary matrices"] == 2 * 50 * 8 * 4 // 2

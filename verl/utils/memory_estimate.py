@@ -40,7 +40,8 @@ c bytes of the plan's compute dtype (the parameters' on CPU; `fsdp_config.dtype`
                      server; the user's own): nothing counted
     reward server    a served generative reward model on CUDA: reward_model.rollout.gpu_memory_utilization of the
                      GPU, all run
-    process          PROCESS_BYTES per worker process (CUDA context, or on CPU the interpreter with torch)
+    process          PROCESS_BYTES per worker process (CUDA context, or on CPU the interpreter with torch), on a CPU
+                     with VLLM_CPU_RUNTIME_BYTES more in the one that runs vLLM
 
 The phases are the step's that the plan runs: generate, old_log_prob (old_log_prob_source=recompute), ref (a
 reference policy), values and update_critic (a critic), update_actor, optimizer_step. A phase adds its own
@@ -94,6 +95,10 @@ VLLM_CPU_KV_CACHE_BYTES = 1 << 30
 # tied or not. Measured on engines alone at hidden 896, 24 layers, 1 GiB of KV cache: 1.04 GiB above weights and cache
 # at vocabulary 151,936 (2 x 0.51), 0.26 at 32,000 (2 x 0.11), the same untied and with 12 layers.
 VLLM_CPU_PACKED_VOCAB_COPIES = 2
+# What a worker process holds more once a vLLM engine has run in it on a CPU, its models aside: the libraries and
+# kernels vLLM loads on first use (measured: 0.41 GiB RSS with torch, transformers and the workers imported, 0.68 after
+# a tiny engine had generated and been deleted).
+VLLM_CPU_RUNTIME_BYTES = 256 * 1024**2
 # Float32 copies of the (response tokens x vocabulary) logits alive at the peak of logprobs_and_entropy and its
 # backward (verl/utils/torch_functional.py), by (gradient, entropy); measured with torch 2.13: the logits, logits / T
 # and the log-softmax (its gradient replaces logits / T in the backward); the entropy adds the softmax, its product
@@ -510,6 +515,7 @@ def estimate_ppo_memory(
         if kv is None:
             space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
             kv = int(float(space) * GIB) if space else VLLM_CPU_KV_CACHE_BYTES
+        resident["processes"] += VLLM_CPU_RUNTIME_BYTES
         resident["vllm weights"] = engine_weights // rollout.tensor_model_parallel_size
         resident["vllm packed vocabulary matrices"] = (
             VLLM_CPU_PACKED_VOCAB_COPIES * actor.vocab * actor.hidden * FLOAT32_BYTES
