@@ -11,8 +11,9 @@ rank of an ActorRolloutRefWorker in a fresh process whose glibc returns every fr
 warm-up worker run through a whole step first, then a second worker measured phase by phase (generate,
 old_log_prob, update_actor with its weight push) as the peak resident size above the process's size before it was
 built. The estimate is counted the same way: the phase's parts without the process's own. The job: 2 prompts x 4
-samples, 64 prompt + 32 response tokens, one CPU rank, the update in one micro-batch. The model has random weights;
-it is built from the shape flags into --model-dir (kept and reused) or a temporary folder.
+samples, 64 prompt + 32 response tokens, one CPU rank, the update in one micro-batch. The model has random weights,
+built from grpo_step.py's shape flags into --model-dir (kept; checked against the flags when reused) or a temporary
+folder.
 """
 
 from __future__ import annotations
@@ -25,11 +26,10 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "e2e"))
 
+from grpo_step import QWEN25_05B, check_model_dir, model_shape  # noqa: E402
 from test_memory_estimate_e2e import measure_worker_peaks, probe_plan  # noqa: E402
 
 GIB = 1024**3
-QWEN25_05B = {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2, "intermediate_size": 4864,
-              "vocab_size": 151936}
 PHASES = {"generate": ["generate"], "old_log_prob": ["old_log_prob"], "update_actor": ["update_actor", "optimizer_step"]}
 
 
@@ -50,9 +50,11 @@ def main(argv=None) -> None:
     from verl.utils.memory_estimate import estimate_ppo_memory
 
     model_dir = args.model_dir or tempfile.mkdtemp(prefix="worker_memory_")
-    if not os.path.exists(os.path.join(model_dir, "config.json")):
+    if os.path.exists(os.path.join(model_dir, "config.json")):
+        check_model_dir(model_dir, args)
+    else:
         print(f"[worker_memory] building a random-weight model of the shape in {model_dir}", flush=True)
-        build_tiny_model(model_dir, seed=0, **{name: getattr(args, name) for name in QWEN25_05B})
+        build_tiny_model(model_dir, seed=0, **model_shape(args))
     overrides = ["trainer.device=cpu", f"actor_rollout_ref.model.path={model_dir}", "trainer.n_gpus_per_node=1",
                  "data.train_batch_size=2", "data.max_prompt_length=64", "data.max_response_length=32",
                  "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
