@@ -363,7 +363,12 @@ def test_a_config_that_cannot_fit_is_refused_naming_the_key_and_a_value_that_fit
     assert estimate.peak == before.peak and warned_plan.actor_update == plan.actor_update  # the user's size stays
     assert "[memory] warning" in capsys.readouterr().out
     config.trainer.memory_check = "off"
-    assert check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan) == (plan, None)
+    # No estimate: the user's size stays, and the unset log-prob pass takes its token budget alone -- 16384 tokens
+    # hold 10 sequences of 1536, and 8 is the largest divisor of the rank's 16 rows below that.
+    unchecked, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
+    assert estimate is None and unchecked.actor_update == plan.actor_update
+    assert unchecked.actor_log_prob.size == 8
+    assert unchecked.sized_by_memory == (("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 8),)
 
 
 # The update of the wide config on 2 CPU ranks (float32, checkpointing on), by hand, when the mini-batch of 16
@@ -508,8 +513,13 @@ def qwen_0_5b_job(model_dir, *overrides: str):
 UPDATE_LOGITS, OLD_LOG_PROB_LOGITS = 3 * 4 + 2, 4 * 4 + 2
 
 
-def test_the_first_contact_job_on_one_80gb_gpu_starts_on_defaults(tmp_path, capsys):
-    config = qwen_0_5b_job(tmp_path)
+# Token budgets large enough that memory alone sizes the unset micro-batches (the log-prob passes' budgets follow the
+# actor's in ppo_trainer.yaml).
+NO_TOKEN_CAP = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1000000"
+
+
+def test_the_first_contact_job_on_one_80gb_gpu_is_sized_by_memory(tmp_path, capsys):
+    config = qwen_0_5b_job(tmp_path, NO_TOKEN_CAP)
     shape = read_model_shape(str(tmp_path))
     plan = plan_run(config, "cuda", shape.parameters)
     # Mini-batches of 8 prompts (64 sequences) in a batch of 16: off-policy, so the old log-probs are recomputed
@@ -552,7 +562,7 @@ def test_a_mini_batch_of_128_sequences_is_cut_to_fit_an_80gb_gpu(tmp_path):
     # 74.70 GiB, more than 90% of 80 GiB, its logits 128 x 256 x 151936 x 14 bytes = 64.91 GiB, with no gradient yet;
     # 64 sequences 43.09, with the first micro-batch's gradients, 1.84 GiB (the HF engine's static loop keeps its
     # 0.92 GiB bf16 copy and its 0.56 GiB KV cache on the GPU all step).
-    config = qwen_0_5b_job(tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=16")
+    config = qwen_0_5b_job(tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=16", NO_TOKEN_CAP)
     shape = read_model_shape(str(tmp_path))
     plan = plan_run(config, "cuda", shape.parameters)
     assert plan.actor_update.mini_batch == 128 and plan.old_log_prob_source == "actor"
@@ -565,6 +575,35 @@ def test_a_mini_batch_of_128_sequences_is_cut_to_fit_an_80gb_gpu(tmp_path):
     assert sized.actor_update.micro.size == 64 and sized.actor_update.mini_batch == 128
     assert sized.old_log_prob_source == "actor" and "old_log_prob" not in estimate.phases
     assert estimate.peak_phase == "update_actor" and f"{estimate.peak / GIB:.2f}" == "43.09"
+
+
+def test_on_defaults_the_token_budgets_cap_the_micro_batches_below_what_memory_allows(tmp_path, capsys):
+    # verl's default budget of 16384 tokens per GPU holds 42 sequences of 128 + 256 tokens; the largest divisor of
+    # the update's 64 and the log-prob pass's 128 below that is 32, half what the 80 GB card would take.
+    config = qwen_0_5b_job(tmp_path)
+    shape = read_model_shape(str(tmp_path))
+    plan = plan_run(config, "cuda", shape.parameters)
+    assert plan.actor_update.micro.token_cap == plan.actor_log_prob.token_cap == 16384
+    sized, estimate = check_ppo_memory(config, plan, replan=lambda changed: _replan(changed, "cuda", shape))
+    assert sized.sized_by_memory == (
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 32),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 32),
+    )
+    assert estimate.phases["update_actor"]["logits"] == 32 * 256 * 151936 * UPDATE_LOGITS  # 16.23 GiB
+    assert estimate.phases["old_log_prob"]["logits"] == 32 * 256 * 151936 * OLD_LOG_PROB_LOGITS  # 20.87 GiB
+    assert estimate.peak_phase == "old_log_prob" and f"{estimate.peak / GIB:.2f}" == "28.72"
+    out = capsys.readouterr().out
+    assert (
+        "[memory] sized by the estimate: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32, "
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 (capped by the token budgets "
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384, "
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=16384)\n" in out
+    )
+    # A budget shorter than one sequence leaves one sequence per micro-batch, not an error.
+    short = qwen_0_5b_job(tmp_path, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=300")
+    sized, _ = check_ppo_memory(short, plan_run(short, "cuda", shape.parameters),
+                                replan=lambda changed: _replan(changed, "cuda", shape))
+    assert sized.actor_update.micro.size == sized.actor_log_prob.size == 1
 
 
 def test_a_run_that_cannot_fit_while_generating_is_refused_naming_the_engine_and_offload(tmp_path):
@@ -678,7 +717,14 @@ def test_the_trainer_phases_name_their_out_of_memory_and_let_other_errors_throug
 def test_no_estimate_when_the_model_directory_cannot_be_read(tmp_path, capsys):
     config = load_config("ppo_trainer", ["trainer.device=cpu", f"actor_rollout_ref.model.path={tmp_path}"])
     plan = plan_run(config, "cpu")
-    assert check_ppo_memory(config, plan, replan=_replan) == (plan, None)
+    unchecked, estimate = check_ppo_memory(config, plan, replan=_replan)
+    # The token budgets alone size the unset micro-batches: 16384 tokens hold 93 sequences of 128 + 48, so each
+    # pass takes its whole share (the update's mini-batch of 16, the rank's 32 rows).
+    assert estimate is None and unchecked.sized_by_memory == (
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 16),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 32),
+    )
+    assert unchecked.actor_update.micro.size == 16 and unchecked.actor_log_prob.size == 32
     assert "[memory] no estimate" in capsys.readouterr().out
     assert os.listdir(tmp_path) == []
 

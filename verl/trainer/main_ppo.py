@@ -23,7 +23,7 @@ from verl.trainer.ppo.run_plan import RunPlan, plan_run
 from verl.utils.config import ConfigError, resolve_device
 from verl.utils.hub import local_model_path
 from verl.utils.import_utils import ExternalLibError, import_external_libs
-from verl.utils.memory_estimate import MemoryEstimate, check_ppo_memory, ppo_model_shapes
+from verl.utils.memory_estimate import MemoryEstimate, check_ppo_memory, ppo_model_shapes, size_micro_batches
 from verl.utils.model_server import serve_reward_model, served_reward_engine
 from verl.utils.preflight import check_ppo_inputs, load_tokenizer
 from verl.utils.run_dir import check_fresh_start, clear_run_outputs, own_run_dir
@@ -123,9 +123,9 @@ def save_resolved_config(config: DictConfig, plan: RunPlan | None = None, estima
 
 def plan_ppo_run(config: DictConfig, device: str) -> tuple[RunPlan, MemoryEstimate | None]:
     """The run's plan (verl/trainer/ppo/run_plan.py) with the micro-batches the config leaves unset sized by the
-    memory estimate, which is printed; a config that cannot fit is refused here (trainer.memory_check; see
-    verl/utils/memory_estimate.py). Returns the plan and the estimate (None when memory_check=off or the model's
-    shape cannot be read)."""
+    memory estimate, within their token budgets, and the estimate printed; a config that cannot fit is refused here
+    (trainer.memory_check; see verl/utils/memory_estimate.py). Returns the plan and the estimate (None when
+    memory_check=off or the model's shape cannot be read)."""
     try:
         shapes = ppo_model_shapes(config, critic_enabled(config))
     except Exception as err:  # a broken or unusual model directory: loading it will say what is wrong
@@ -138,6 +138,8 @@ def plan_ppo_run(config: DictConfig, device: str) -> tuple[RunPlan, MemoryEstima
     if shapes is not None:
         plan, estimate = check_ppo_memory(config, plan, shapes,
                                           replan=lambda changed: plan_run(changed, device, parameters))
+    else:  # no estimate: the token budgets alone size the unset micro-batches
+        plan = size_micro_batches(config, plan, None, None)
     print(plan.describe())
     return plan, estimate
 

@@ -49,9 +49,10 @@ temporaries to what every process of the rank holds at that time, and the peak i
 
 A micro-batch holds the plan's size of sequences, with use_dynamic_bsz as many full-length sequences as its token
 budget holds, and the whole share (the mini-batch of an update, the rank's rows of a forward pass) when unset. The
-check (`check_ppo_memory`) first sizes every unset one (`size_micro_batches`): the largest divisor of its share whose
-phase fits WARN_SHARE of the capacity, each phase on its own; 1 when none does, and then the refusal names the
-levers that remain.
+check (`check_ppo_memory`) first sizes every unset one (`size_micro_batches`): the largest divisor of its share that
+holds at most the pass's token budget (`*_max_token_len_per_gpu`) of full-length sequences and whose phase fits
+WARN_SHARE of the capacity, each phase on its own; 1 when none does, and then the refusal names the levers that
+remain.
 """
 
 from __future__ import annotations
@@ -612,32 +613,63 @@ def estimate_ppo_memory(
 
 
 # ------------------------------------------------------------------------------------------------ the sizing
+def _sizes_to_try(micro: MicroBatches, share: int, length: int) -> list[int]:
+    """The sizes an unset micro-batch may take, largest first: the divisors of its share (so every micro-batch is
+    whole) holding at most its token cap of `length`-token sequences, or 1 when even one sequence is longer."""
+    most = share if micro.token_cap is None else max(1, micro.token_cap // length)
+    return [d for d in range(min(share, most), 0, -1) if share % d == 0]
+
+
+def _sequence_length(config: DictConfig) -> int:
+    return config.data.max_prompt_length + config.data.max_response_length
+
+
 def size_micro_batches(
     config: DictConfig,
     plan: RunPlan,
-    shapes: dict[str, ModelShape],
-    capacity: int,
+    shapes: dict[str, ModelShape] | None,
+    capacity: int | None,
 ) -> RunPlan:
-    """The plan with each micro-batch size the config leaves unset (and no token budget replaces) chosen from the
-    estimate: the largest divisor of the pass's share whose phase fits WARN_SHARE x `capacity` bytes, or 1 when none
-    does (the check's refusal then names what else can change). A phase is what the rank holds plus that one pass's
-    temporaries, so each pass is sized on its own. The actor's log-prob pass is sized even where the step skips it:
-    a reward manager that scores with the actor runs it. `sized_by_memory` lists the sizes chosen."""
-    budget = WARN_SHARE * capacity
+    """The plan with each micro-batch size the config leaves unset (and no use_dynamic_bsz replaces) chosen: the
+    largest divisor of the pass's share that holds at most the pass's token budget of full-length sequences (its
+    `*_max_token_len_per_gpu`, as verl's dynamic micro-batches would; `MicroBatches.token_cap`) and whose phase fits
+    WARN_SHARE x `capacity` bytes, or 1 when none does (the check's refusal then names what else can change). A
+    phase is what the rank holds plus that one pass's temporaries, so each pass is sized on its own. Without
+    `shapes` (no estimate: memory_check=off, or a model whose shape cannot be read) the token budget alone sizes it.
+    The actor's log-prob pass is sized even where the step skips it: a reward manager that scores with the actor
+    runs it. `sized_by_memory` lists the sizes chosen.
+
+    Why a token cap: past a few thousand tokens a forward is compute-bound, so a larger micro-batch buys no speed
+    but holds more logits (the H200 run of 2026-11-28 sized the 0.5B job's update to its whole mini-batch of 128
+    sequences and allocated 112 GiB where TRL took 64)."""
+    budget = None if capacity is None else WARN_SHARE * capacity
+    length = _sequence_length(config)
     source = plan.old_log_prob_source
     plan = dataclasses.replace(plan, old_log_prob_source="recompute")
     sized = []
     for field, (micro, share) in _planned_passes(plan).items():
         if micro.size is not None or micro.dynamic:
             continue
-        for size in (d for d in range(share, 0, -1) if share % d == 0):
+        for size in _sizes_to_try(micro, share, length):
             candidate = _with_micro(plan, field, dataclasses.replace(micro, size=size))
+            if shapes is None or budget is None:
+                break
             estimate = estimate_ppo_memory(config, candidate, shapes, capacity)
             if estimate.total(PASS_PHASES[field]) <= budget:
                 break
         plan = candidate  # the last one tried: the one that fits, else 1
         sized.append((micro.key, size))
     return dataclasses.replace(plan, old_log_prob_source=source, sized_by_memory=plan.sized_by_memory + tuple(sized))
+
+
+def _capped_sizes(config: DictConfig, plan: RunPlan) -> str:
+    """The token budgets that capped a size the estimate chose, for the log: "cap_key=N, ..."."""
+    length, capped = _sequence_length(config), []
+    for micro, share in _planned_passes(plan).values():
+        if micro.token_cap is not None and micro.token_cap // length < share and micro.size is not None:
+            if micro.size == _sizes_to_try(micro, share, length)[0]:
+                capped.append(f"{micro.cap_key}={micro.token_cap}")
+    return ", ".join(capped)
 
 
 # ------------------------------------------------------------------------------------------------ the check
@@ -837,13 +869,13 @@ def check_ppo_memory(
     trainer = config.trainer
     mode = trainer.memory_check
     if mode == "off":
-        return plan, None
+        return size_micro_batches(config, plan, None, None), None
     if shapes is None:
         try:
             shapes = ppo_model_shapes(config, plan.use_critic)
         except Exception as err:  # a broken or unusual model directory: loading it will say what is wrong
             print(f"[memory] no estimate: cannot build the model's shape ({type(err).__name__}: {err})")
-            return plan, None
+            return size_micro_batches(config, plan, None, None), None
     if trainer.memory_per_rank_gb is not None:
         capacity, source = int(trainer.memory_per_rank_gb * GIB), "trainer.memory_per_rank_gb"
     else:
@@ -858,7 +890,9 @@ def check_ppo_memory(
 
     plan, estimate = sized_estimate(config, plan)
     if plan.sized_by_memory:
-        print("[memory] sized by the estimate: " + ", ".join(f"{key}={n}" for key, n in plan.sized_by_memory))
+        capped = _capped_sizes(config, plan)
+        print("[memory] sized by the estimate: " + ", ".join(f"{key}={n}" for key, n in plan.sized_by_memory)
+              + (f" (capped by the token budgets {capped})" if capped else ""))
     print(estimate.summary())
     if estimate.peak <= WARN_SHARE * capacity:
         return plan, estimate

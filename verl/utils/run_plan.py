@@ -17,11 +17,15 @@ class MicroBatches:
     size: sequences per micro-batch; None = all of them at once (only where nothing sized it and no estimate ran).
     max_token_len: with use_dynamic_bsz, the token budget of a micro-batch (size is then None).
     key: the config key that sizes it (the micro-batch size, or with use_dynamic_bsz the token budget), for messages.
+    token_cap: for a size the config leaves unset, the pass's token budget (`cap_key`, e.g. ppo_max_token_len_per_gpu):
+        the size chosen for it holds at most that many tokens of full-length sequences (at least one sequence).
     """
 
     size: int | None
     max_token_len: int | None
     key: str
+    token_cap: int | None = None
+    cap_key: str = ""
 
     @property
     def dynamic(self) -> bool:

@@ -68,11 +68,14 @@ def micro_batches(per_gpu, global_size, dynamic: bool, max_token_len: int, ranks
                   budget_key: str, sp: int = 1) -> MicroBatches:
     """A pass's micro-batches: the per-rank size (`key`), verl's deprecated global size / `ranks` (the data-parallel
     groups), or a token budget (`budget_key`): per GPU, so a micro-batch of a Ulysses group of `sp` ranks, each
-    holding 1/sp of its tokens, holds sp times the budget (as in verl)."""
+    holding 1/sp of its tokens, holds sp times the budget (as in verl). A size left unset keeps the budget as its cap
+    (`MicroBatches.token_cap`): the size chosen for it holds no more tokens than the budget would."""
     if dynamic:
         return MicroBatches(None, int(max_token_len) * sp, budget_key)
     if per_gpu is None and global_size is not None:
         per_gpu = max(1, global_size // ranks)
+    if per_gpu is None:
+        return MicroBatches(None, None, key, token_cap=int(max_token_len) * sp, cap_key=budget_key)
     return MicroBatches(per_gpu, None, key)
 
 
