@@ -181,6 +181,7 @@ def run_engine(args: argparse.Namespace) -> dict:
         groups = engine.generate(prompts, params)
         seconds = time.perf_counter() - start
         rates.append(sum(len(c.token_ids) for g in groups for c in g) / seconds)
+    breakdown = decode_breakdown(engine, prompts, params, args.device) if args.engine == "hf" else {}
     pushes = []
     for _ in range(args.repeats):
         start = time.perf_counter()
@@ -189,7 +190,52 @@ def run_engine(args: argparse.Namespace) -> dict:
         pushes.append(time.perf_counter() - start)
     return {"engine": args.engine, "tokens_per_second": statistics.median(rates), "rates": rates,
             "push_seconds": statistics.median(pushes), "startup_seconds": startup,
-            "parameters": sum(t.numel() for _, t in state), **cuda_peak(args.device)}
+            "parameters": sum(t.numel() for _, t in state), **breakdown, **cuda_peak(args.device)}
+
+
+def decode_breakdown(engine, prompts: list[list[int]], params, device: str) -> dict:
+    """Where one more `generate` call of the HF engine spends its time, per decode step (milliseconds): the whole
+    call over its steps (prefill and the host's reads included), the model's decode step (the captured CUDA graph
+    of the static loop on CUDA), and the sampling (`_sample`: softmax, draw, log-prob, entropy). On CUDA each span is
+    timed by CUDA events recorded around it, which add no synchronisation; on CPU by the wall clock."""
+    import torch
+
+    spans: dict[str, list] = {"decode_step": [], "sample": []}
+
+    def timed(name: str, fn):
+        def call(*args, **kwargs):
+            if device == "cuda":
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                out = fn(*args, **kwargs)
+                end.record()
+                spans[name].append((begin, end))
+            else:
+                begin = time.perf_counter()
+                out = fn(*args, **kwargs)
+                spans[name].append((time.perf_counter() - begin) * 1e3)
+            return out
+        return call
+
+    decode_step = engine._decode_step
+    engine._decode_step, engine._sample = timed("decode_step", decode_step), timed("sample", engine._sample)
+    try:
+        sync(device)
+        start = time.perf_counter()
+        groups = engine.generate(prompts, params)
+        sync(device)
+        whole = (time.perf_counter() - start) * 1e3
+    finally:  # the wrappers go: the engine's own decode step and sampler are back
+        engine._decode_step = decode_step
+        del engine._sample
+    steps = max(len(c.token_ids) for g in groups for c in g)
+    ms = {name: [b.elapsed_time(e) for b, e in times] if device == "cuda" else times for name, times in spans.items()}
+    return {"decode_breakdown_ms": {
+        "steps": steps,
+        "whole_per_step": whole / steps,
+        "decode_step": statistics.median(ms["decode_step"]) if ms["decode_step"] else None,
+        "sample": statistics.median(ms["sample"]) if ms["sample"] else None,
+    }}
 
 
 def sync(device: str) -> None:
@@ -319,6 +365,14 @@ def print_results(args: argparse.Namespace, results: dict[str, dict]) -> None:
     if on_cuda:
         print("(GPU alloc: torch.cuda.max_memory_allocated in the engine's process, GiB; GPU smi: nvidia-smi's peak "
               "memory.used above the memory in use before the engine started, GiB; peak GB: host memory)")
+    split = results.get("hf", {}).get("decode_breakdown_ms")
+    if split:
+        parts = [f"{split['whole_per_step']:.2f} ms per decode step over {split['steps']} steps (prefill and host "
+                 f"reads included)"]
+        for name, label in (("decode_step", "the model's step"), ("sample", "sampling")):
+            if split[name] is not None:
+                parts.append(f"{label} {split[name]:.2f} ms")
+        print("hf: " + "; ".join(parts) + " (medians of one more call)")
     base = "hf" if "hf" in results else None
     for name, r in results.items():
         if base is None or name == base:
