@@ -20,6 +20,9 @@ engine's generator until a row finishes, since the eager loop then draws for few
   kernel. Stop strings and top log-probs need the decoded text or extra outputs per step: those requests take the
   eager loop.
 
+Both loops attend, for a grouped-query model on SDPA, with `decode_attention.grouped_decode_attention`: a decode step
+reads each cached KV head once for its group of query heads instead of a copy per query head.
+
 Stopping follows vLLM: a completion ends at an EOS id (tokenizer and generation config; `stop_reason` None), at a
 `stop_token_ids` id (`stop_reason` = that id), when a stop string appears in the decoded completion (`stop_reason` =
 the string), all three with `finish_reason` "stop" and the finishing token kept in `token_ids`; or after
@@ -54,6 +57,7 @@ from verl.workers.rollout.base import (
     params_per_prompt,
     register_rollout,
 )
+from verl.workers.rollout.decode_attention import use_grouped_decode_attention
 
 # The static loop asks whether every row is done once every this many steps (a host sync each time).
 STATIC_DONE_CHECK = 16
@@ -150,6 +154,8 @@ class HFRollout(RolloutEngine):
     ):
         self.device = torch.device(device)
         self.module = module.to(self.device)
+        # Decode steps attend with each KV head read once for its group of query heads (decode_attention.py).
+        self.grouped_decode_attention = use_grouped_decode_attention(self.module)
         self.weights_follow = weights_follow
         self.weights_released = False
         self._param_shapes = {param: param.shape for param in self.module.parameters()}
