@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Issue 27's GPU figures in one call on a lent machine: the decode step with transformers' SDPA against the grouped
+# attention, the HF engine against `model.generate` (with the per-step breakdown), and the GRPO step against TRL at the
+# 0.5B shape; each with its own share of the budget, logs and JSON under $OUT (at most 8 files come back).
+#   bash .gpu/run.sh bash scripts/gpu_perf.sh                 # on a machine prepared with a wheelhouse (shared/gpu)
+#   GPU_PERF_SECONDS=540 bash scripts/gpu_perf.sh             # the budget (default 500 s; a lent call runs 600 at most)
+#   GPU_PERF_DRY_RUN=1 bash scripts/gpu_perf.sh               # print the commands, run nothing
+# Shares of the budget, from the H100 run of 2026-11-28: decode_attention 10% (eager and compiled, about 40 s),
+# rollout_engines 35% (hf about 60 s with the graph's compile, generate about 100 s with the model's build), grpo_step
+# the rest (Quiver about 110 s with Ray's start, TRL about 100 s).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-$PWD/gpu_perf}"
+budget="${GPU_PERF_SECONDS:-500}"
+start=$SECONDS
+left() { echo $((budget - (SECONDS - start))); }
+
+steps=(
+  "decode_attention $((budget / 10)) benchmarks/decode_attention.py --device cuda --rows 128 --compile"
+  "rollout_engines $((budget * 35 / 100)) benchmarks/rollout_engines.py --preset qwen2.5-0.5b-gpu --engines hf,generate --out $out/rollout_engines.json"
+  "grpo_step 0 benchmarks/grpo_step.py --preset qwen2.5-0.5b-gpu --out $out/grpo_step.json"
+)
+if [ -n "${GPU_PERF_DRY_RUN:-}" ]; then
+  for step in "${steps[@]}"; do
+    read -r _ _ command <<<"$step"
+    echo "python3 $command"
+  done
+  exit 0
+fi
+
+mkdir -p "$out"
+{
+  date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1; nproc
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'transformers', transformers.__version__)"
+} >"$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+if ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "[gpu_perf] no CUDA device here: nothing to measure"
+  exit 0
+fi
+
+status=0
+for step in "${steps[@]}"; do
+  read -r name seconds command <<<"$step"
+  [ "$seconds" -eq 0 ] && seconds=$(($(left) - 10))  # the last one takes what is left
+  if [ "$seconds" -lt 30 ]; then
+    echo "[gpu_perf] $name skipped: $(left) s left"
+    continue
+  fi
+  echo "[gpu_perf] $name: up to $seconds s, at $((SECONDS - start)) s"
+  # shellcheck disable=SC2086  # the command's words are split on purpose
+  timeout -s INT -k 10 "$seconds" python3 $command >"$out/$name.log" 2>&1
+  code=$?
+  echo "[gpu_perf] $name ended (exit $code) at $((SECONDS - start)) s"
+  [ "$code" -ne 0 ] && status=1
+  grep -v "Loading weights\|Writing model shards\|^step:" "$out/$name.log" | tail -n 25
+done
+exit "$status"
