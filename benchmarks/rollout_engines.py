@@ -195,47 +195,40 @@ def run_engine(args: argparse.Namespace) -> dict:
 
 def decode_breakdown(engine, prompts: list[list[int]], params, device: str) -> dict:
     """Where one more `generate` call of the HF engine spends its time, per decode step (milliseconds): the whole
-    call over its steps (prefill and the host's reads included), the model's decode step (the captured CUDA graph
-    of the static loop on CUDA), and the sampling (`_sample`: softmax, draw, log-prob, entropy). On CUDA each span is
-    timed by CUDA events recorded around it, which add no synchronisation; on CPU by the wall clock."""
+    call over its steps (prefill and the host's reads included) and the static loop's step (`_decode_and_sample`:
+    the model's step and the sampling from its logits, on CUDA one captured graph; None for the eager loop). On CUDA
+    the step is timed by CUDA events recorded around it, which add no synchronisation; on CPU by the wall clock."""
     import torch
 
-    spans: dict[str, list] = {"decode_step": [], "sample": []}
+    spans: list = []
+    step = engine._decode_step
 
-    def timed(name: str, fn):
-        def call(*args, **kwargs):
-            if device == "cuda":
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                out = fn(*args, **kwargs)
-                end.record()
-                spans[name].append((begin, end))
-            else:
-                begin = time.perf_counter()
-                out = fn(*args, **kwargs)
-                spans[name].append((time.perf_counter() - begin) * 1e3)
-            return out
-        return call
+    def timed(*args, **kwargs):
+        if device == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            out = step(*args, **kwargs)
+            end.record()
+            spans.append((begin, end))
+        else:
+            begin = time.perf_counter()
+            out = step(*args, **kwargs)
+            spans.append((time.perf_counter() - begin) * 1e3)
+        return out
 
-    decode_step = engine._decode_step
-    engine._decode_step, engine._sample = timed("decode_step", decode_step), timed("sample", engine._sample)
+    engine._decode_step = timed
     try:
         sync(device)
         start = time.perf_counter()
         groups = engine.generate(prompts, params)
         sync(device)
         whole = (time.perf_counter() - start) * 1e3
-    finally:  # the wrappers go: the engine's own decode step and sampler are back
-        engine._decode_step = decode_step
-        del engine._sample
+    finally:  # the engine's own step is back
+        engine._decode_step = step
     steps = max(len(c.token_ids) for g in groups for c in g)
-    ms = {name: [b.elapsed_time(e) for b, e in times] if device == "cuda" else times for name, times in spans.items()}
-    return {"decode_breakdown_ms": {
-        "steps": steps,
-        "whole_per_step": whole / steps,
-        "decode_step": statistics.median(ms["decode_step"]) if ms["decode_step"] else None,
-        "sample": statistics.median(ms["sample"]) if ms["sample"] else None,
-    }}
+    ms = [b.elapsed_time(e) for b, e in spans] if device == "cuda" else spans
+    return {"decode_breakdown_ms": {"steps": steps, "whole_per_step": whole / steps,
+                                    "decode_step": statistics.median(ms) if ms else None}}
 
 
 def sync(device: str) -> None:
@@ -369,9 +362,8 @@ def print_results(args: argparse.Namespace, results: dict[str, dict]) -> None:
     if split:
         parts = [f"{split['whole_per_step']:.2f} ms per decode step over {split['steps']} steps (prefill and host "
                  f"reads included)"]
-        for name, label in (("decode_step", "the model's step"), ("sample", "sampling")):
-            if split[name] is not None:
-                parts.append(f"{label} {split[name]:.2f} ms")
+        if split["decode_step"] is not None:
+            parts.append(f"the static loop's step (model and sampling) {split['decode_step']:.2f} ms")
         print("hf: " + "; ".join(parts) + " (medians of one more call)")
     base = "hf" if "hf" in results else None
     for name, r in results.items():

@@ -367,6 +367,33 @@ def test_the_static_loop_draws_the_eager_loops_samples(model):
     assert _completions(again, params) == _completions(eager, params)
 
 
+def test_the_static_loops_step_is_one_graph_of_the_model_and_the_sampling(model):
+    """On CUDA `_decode_and_sample` -- the model's step and the sampling from its logits -- is compiled into one CUDA
+    graph. Here dynamo traces it with fullgraph=True (a graph break raises) and the eager backend: the same tokens as
+    uncompiled, one graph per sampling setting, none compiled again for the next call's equal settings."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    for params in (SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_tokens=12),
+                   SamplingParams(temperature=0.0, max_tokens=12)):
+        expected = _completions(HFRollout(copy.deepcopy(model), TagTokenizer(), seed=3,
+                                          config={"static_decode": True}), params)
+        traced = HFRollout(copy.deepcopy(model), TagTokenizer(), seed=3, config={"static_decode": True})
+        traced._decode_step = torch.compile(traced._decode_and_sample, backend=backend, fullgraph=True,
+                                            dynamic=False)
+        assert _completions(traced, params) == expected
+        before = len(graphs)
+        traced.generator.manual_seed(3)
+        assert _completions(traced, replace(params)) == expected  # an equal, new SamplingParams: no new graph
+        assert len(graphs) == before
+    assert len(graphs) == 2
+    torch._dynamo.reset()
+
+
 def test_stop_strings_and_top_log_probs_take_the_eager_loop(model, monkeypatch):
     engine = HFRollout(copy.deepcopy(model), TagTokenizer(), config={"static_decode": True})
     monkeypatch.setattr(engine, "_generate_batch_static", None)  # would raise if called

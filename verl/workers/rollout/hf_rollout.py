@@ -15,9 +15,9 @@ engine's generator until a row finishes, since the eager loop then draws for few
 - eager: a growing KV cache; rows leave the batch as they finish; the host reads each step's tokens to stop them.
 - static (`rollout.static_decode`; by default on CUDA, for plain sampling): a preallocated KV cache for the whole
   batch, finished rows masked on the device and decoded on (their tokens are dropped), the host reading the tokens
-  once at the end and whether every row is done once every `STATIC_DONE_CHECK` steps. On CUDA the decode step is
-  compiled into a CUDA graph (`torch.compile(mode="reduce-overhead")`): one launch per token instead of one per
-  kernel. Stop strings and top log-probs need the decoded text or extra outputs per step: those requests take the
+  once at the end and whether every row is done once every `STATIC_DONE_CHECK` steps. On CUDA the decode step --
+  the model's step and the sampling from its logits, with the random numbers drawn just before it -- is compiled
+  into one CUDA graph (`torch.compile(mode="reduce-overhead")`): one launch per token instead of one per kernel. Stop strings and top log-probs need the decoded text or extra outputs per step: those requests take the
   eager loop.
 
 Both loops attend, for a grouped-query model on SDPA, with `decode_attention.grouped_decode_attention`: a decode step
@@ -77,14 +77,21 @@ def diverged_weights() -> FloatingPointError:
         "actor_rollout_ref.actor.optim.lr or set actor_rollout_ref.actor.grad_clip")
 
 
-def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw_uniforms(rows: int, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The `(rows, 1)` float32 uniform numbers in [0, 1) that `sample_from_probs` inverts, one per row."""
+    return torch.rand(rows, 1, generator=generator, device=device, dtype=torch.float32)
+
+
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None,
+                      uniform: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of `probs` `(batch, vocab)`, drawn by inverting the row's cumulative distribution with one
     uniform number: u in [0, total), the token is the first whose cumulative mass exceeds u, so a token of zero mass
     (cut by top-k / top-p) is never drawn. The same distribution as `torch.multinomial`, which draws a random number
-    per vocabulary entry: 14x faster on the CPU at 32 rows x 768 tokens (0.028 against 0.39 ms)."""
+    per vocabulary entry: 14x faster on the CPU at 32 rows x 768 tokens (0.028 against 0.39 ms). `uniform`: the
+    `(batch, 1)` numbers in [0, 1) drawn beforehand (`draw_uniforms`, for a compiled step), else drawn here."""
     cumulative = probs.cumsum(dim=-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cumulative.dtype)
-    tokens = torch.searchsorted(cumulative, u * cumulative[:, -1:], right=True)
+    u = draw_uniforms(probs.shape[0], probs.device, generator) if uniform is None else uniform
+    tokens = torch.searchsorted(cumulative, u.to(cumulative.dtype) * cumulative[:, -1:], right=True)
     return tokens.clamp_(max=probs.shape[-1] - 1).squeeze(-1)
 
 
@@ -104,6 +111,12 @@ def top_k_top_p_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def _scaled(logits: torch.Tensor, greedy: bool, temperature: float) -> torch.Tensor:
+    """The float32 logits of the distribution a token is sampled from: z / T, or z itself when greedy (T = 1)."""
+    logits = logits.float()
+    return logits if greedy else logits / temperature
 
 
 @dataclass
@@ -172,12 +185,13 @@ class HFRollout(RolloutEngine):
         # rollouts share one shape, hence one compiled graph, whatever their longest prompt.
         self._prompt_length = int(config_value(config, "prompt_length", default=None) or 0)
         self._response_length = int(config_value(config, "response_length", default=None) or 0)
-        self._decode_step = self._decode_step_eager
+        self._decode_step = self._decode_and_sample
         # Where each batch shape is a compiled graph (CUDA), a smaller batch takes a kept cache's shape.
         self.pad_to_kept_rows = self.static_decode and self.device.type == "cuda"
         if self.static_decode and self.device.type == "cuda":
-            # One CUDA graph per (rows, length): the static cache's tensors keep their addresses across calls.
-            self._decode_step = torch.compile(self._decode_step_eager, mode="reduce-overhead", dynamic=False)
+            # One CUDA graph per (rows, length, sampling settings): the static cache's tensors keep their addresses
+            # across calls; the graph runs the model's step and the sampling from its logits.
+            self._decode_step = torch.compile(self._decode_and_sample, mode="reduce-overhead", dynamic=False)
         self.generator = None
         if seed is not None:
             self.generator = torch.Generator(device=self.device)
@@ -343,8 +357,8 @@ class HFRollout(RolloutEngine):
         stop_ids = torch.tensor(list(params.stop_token_ids or ()), dtype=torch.long, device=self.device)
         last = torch.tensor(max_tokens, dtype=torch.long, device=self.device) - 1
         diverged = torch.zeros((), dtype=torch.bool, device=self.device)  # a NaN log-prob, read at the syncs below
+        tokens, log_probs, entropies, _ = self._sample(logits, params, self._uniforms(rows, params))
         for t in range(steps):
-            tokens, log_probs, entropies, _ = self._sample(logits, params)
             tokens_out[:, t], log_probs_out[:, t], entropies_out[:, t] = tokens, log_probs, entropies
             diverged |= log_probs.isnan().any()
             why = torch.where(torch.isin(tokens, eos), _EOS,
@@ -363,7 +377,11 @@ class HFRollout(RolloutEngine):
                     break
             mask[:, prompt_len + t] = 1
             position_ids += 1
-            logits = self._decode_step(tokens[:, None], mask, position_ids, cache)
+            # The next step reads this step's tokens from tokens_out (the graph's outputs are rewritten by its next
+            # run); the random numbers are drawn outside it, from the engine's generator, as the eager loop draws.
+            tokens, log_probs, entropies = self._decode_step(tokens_out[:, t : t + 1], mask, position_ids, cache,
+                                                             self._uniforms(rows, params), params.greedy,
+                                                             params.temperature, params.top_k, params.top_p)
 
         if bool(diverged):
             raise diverged_weights()
@@ -383,24 +401,44 @@ class HFRollout(RolloutEngine):
                                                 None))
         return completions
 
-    def _decode_step_eager(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
-                           cache) -> torch.Tensor:
-        """Next-token logits `(rows, vocab)` for one new token per row, attending to the cache under `mask`."""
-        return self.module(input_ids=tokens, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                           use_cache=True).logits[:, -1]
+    def _decode_and_sample(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, cache,
+                           uniform: torch.Tensor | None, greedy: bool, temperature: float, top_k: int,
+                           top_p: float):
+        """The static loop's step: one new token per row `(rows, 1)` through the model, attending to the cache under
+        `mask`, then the next token picked from its logits (`_pick`, with the `uniform` numbers when sampling);
+        returns the tokens, their log-probs and the entropies, `(rows,)` each. On CUDA this is the compiled graph,
+        so it takes the sampling settings as plain values."""
+        logits = self.module(input_ids=tokens, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                             use_cache=True).logits[:, -1]
+        scaled = _scaled(logits, greedy, temperature)
+        picked = self._pick(scaled, greedy, top_k, top_p, uniform)
+        return picked, logprobs_from_logits(scaled, picked), entropy_from_logits(scaled)
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams):
+    def _uniforms(self, rows: int, params: SamplingParams) -> torch.Tensor | None:
+        """The random numbers of one sampled step (`draw_uniforms`), None for greedy decoding."""
+        return None if params.greedy else draw_uniforms(rows, self.device, self.generator)
+
+    def _pick(self, scaled: torch.Tensor, greedy: bool, top_k: int, top_p: float,
+              uniform: torch.Tensor | None) -> torch.Tensor:
+        """The next token of each row from its `_scaled` logits: the largest when greedy, else drawn after top-k /
+        top-p with the `uniform` numbers (drawn here from the engine's generator when None)."""
+        if greedy:
+            return scaled.argmax(dim=-1)
+        probs = F.softmax(top_k_top_p_filter(scaled, top_k, top_p), dim=-1)
+        # Free on the CPU; not on CUDA (a sync) or in a compiled graph: the loops see it there by the sampled token's
+        # log-prob, NaN.
+        if probs.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(torch.isfinite(probs).all()):
+            raise diverged_weights()
+        if uniform is None:
+            uniform = draw_uniforms(probs.shape[0], probs.device, self.generator)
+        return sample_from_probs(probs, uniform=uniform)
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams, uniform: torch.Tensor | None = None):
         """Next token, its log-prob, the distribution's entropy for each row and, with `params.logprobs=k`, the
-        top-k (log-probs, token ids) `(batch, k)` of the same distribution (else None). logits `(batch, vocab)`."""
-        logits = logits.float()
-        if params.greedy:
-            tokens = logits.argmax(dim=-1)
-        else:
-            logits = logits / params.temperature
-            probs = F.softmax(top_k_top_p_filter(logits, params.top_k, params.top_p), dim=-1)
-            if probs.device.type == "cpu" and not bool(torch.isfinite(probs).all()):  # free on the CPU; no sync on CUDA
-                raise diverged_weights()  # (the loops see it on CUDA: the sampled token's log-prob is NaN)
-            tokens = sample_from_probs(probs, self.generator)
+        top-k (log-probs, token ids) `(batch, k)` of the same distribution (else None). logits `(batch, vocab)`;
+        `uniform`: the step's random numbers drawn beforehand (else drawn here from the engine's generator)."""
+        logits = _scaled(logits, params.greedy, params.temperature)
+        tokens = self._pick(logits, params.greedy, params.top_k, params.top_p, uniform)
         top = None
         if params.logprobs:
             top = torch.topk(logits.log_softmax(dim=-1), min(params.logprobs, logits.shape[-1]), dim=-1)
