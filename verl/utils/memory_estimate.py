@@ -32,7 +32,8 @@ c bytes of the plan's compute dtype (the parameters' on CPU; `fsdp_config.dtype`
                      CUDA; freed or moved to host between rollouts with free_cache_engine) + KV cache 2 L kv
                      (prompt + response) e per sequence it decodes (the rank's prompts x n, the node's with
                      share_cpu_engine; the static loop: the prompt bucketed to 64 tokens, and on CUDA, whose graphs
-                     read them where they were captured, the copy and the cache kept all step); vllm and sglang
+                     read them where they were captured, the copy and the cache kept all step, and the graphs'
+                     pool of the step's sampling temporaries, SAMPLING_COPIES V 4 per sequence); vllm and sglang
                      on CUDA: gpu_memory_utilization of the GPU; trtllm on CUDA: its weights in rollout.dtype all
                      run + gpu_memory_utilization of the memory left free for its KV cache; vllm on CPU: 4 P +
                      2 V h 4 (its CPU backend packs a copy of the input embedding and of the LM head for its
@@ -547,10 +548,11 @@ def estimate_ppo_memory(
             + decoding * actor.vocab * FLOAT32_BYTES * SAMPLING_COPIES  # the sampler's float32 logits
         )
         # The static loop's compiled CUDA graphs read the weights and the cache where they were captured: both stay
-        # all step.
+        # all step, and so does the graph's private memory pool, which holds its step's sampling temporaries.
         if cuda and plan.hf_static_decode:
             resident["hf engine weights"] = generate.pop("hf engine weights")
             resident["KV cache"] = generate.pop("KV cache")
+            resident["decode graph pool"] = decoding * actor.vocab * FLOAT32_BYTES * SAMPLING_COPIES
         elif not rollout.free_cache_engine:
             resident["hf engine weights"] = generate.pop("hf engine weights")
 
