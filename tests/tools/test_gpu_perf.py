@@ -29,6 +29,9 @@ def test_every_command_it_runs_parses_with_its_benchmarks_flags(tmp_path, monkey
     env = dict(os.environ, OUT=str(tmp_path / "out"), GPU_PERF_DRY_RUN="1")
     listed = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     commands = [shlex.split(line) for line in listed.stdout.splitlines()]
+    assert commands[0][:4] == ["python3", "-m", "pytest", "tests/gpu/test_gpu_decode.py"]
+    assert (REPO / commands[0][3]).is_file()
+    commands = commands[1:]
     assert [Path(words[1]).stem for words in commands] == ["decode_attention", "rollout_engines", "grpo_step"]
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
