@@ -49,7 +49,7 @@ def grouped_decode_attention(
                                       is_causal=is_causal, **kwargs)
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
-    grouped = query.view(batch, key.shape[1], groups, head_dim)
+    grouped = query.reshape(batch, key.shape[1], groups, head_dim)  # a view where the heads lie side by side
     out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling)
     return out.reshape(batch, 1, heads, head_dim), None

@@ -17,8 +17,9 @@ engine's generator until a row finishes, since the eager loop then draws for few
   batch, finished rows masked on the device and decoded on (their tokens are dropped), the host reading the tokens
   once at the end and whether every row is done once every `STATIC_DONE_CHECK` steps. On CUDA the decode step --
   the model's step and the sampling from its logits, with the random numbers drawn just before it -- is compiled
-  into one CUDA graph (`torch.compile(mode="reduce-overhead")`): one launch per token instead of one per kernel. Stop strings and top log-probs need the decoded text or extra outputs per step: those requests take the
-  eager loop.
+  into one CUDA graph (`torch.compile(mode="reduce-overhead")`): one launch per token instead of one per kernel.
+  Stop strings and top log-probs need the decoded text or extra outputs per step: those requests take the eager
+  loop.
 
 Both loops attend, for a grouped-query model on SDPA, with `decode_attention.grouped_decode_attention`: a decode step
 reads each cached KV head once for its group of query heads instead of a copy per query head.
