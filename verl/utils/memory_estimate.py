@@ -324,6 +324,11 @@ def _with_micro(plan: RunPlan, field: str, micro: MicroBatches) -> RunPlan:
     return dataclasses.replace(plan, **{field: micro})
 
 
+def _sequence_length(config: DictConfig) -> int:
+    """The longest sequence a pass sees: the prompt and the response at their max lengths."""
+    return config.data.max_prompt_length + config.data.max_response_length
+
+
 def _sequences(micro: MicroBatches, share: int, length: int) -> int:
     """Sequences in one micro-batch of a pass over `share` sequences of up to `length` tokens: the planned size, the
     whole share when unset, or with a token budget as many full-length sequences as it holds (at least one)."""
@@ -367,7 +372,7 @@ def estimate_ppo_memory(
     actor_cfg, rollout, model_cfg = arr.actor, arr.rollout, arr.model
     cuda = plan.device == "cuda"
     prompt, response = data.max_prompt_length, data.max_response_length
-    length = prompt + response
+    length = _sequence_length(config)
     actor = shapes["actor"]
     actor_bytes, ref_bytes = DTYPE_BYTES[plan.actor_param_dtype], DTYPE_BYTES[plan.ref_param_dtype]
     actor_shard = plan.actor_fsdp_size
@@ -622,10 +627,6 @@ def _sizes_to_try(micro: MicroBatches, share: int, length: int) -> list[int]:
     return [d for d in range(min(share, most), 0, -1) if share % d == 0]
 
 
-def _sequence_length(config: DictConfig) -> int:
-    return config.data.max_prompt_length + config.data.max_response_length
-
-
 def size_micro_batches(
     config: DictConfig,
     plan: RunPlan,
@@ -644,7 +645,7 @@ def size_micro_batches(
     Why a token cap: past a few thousand tokens a forward is compute-bound, so a larger micro-batch buys no speed
     but holds more logits (the H200 run of 2026-11-28 sized the 0.5B job's update to its whole mini-batch of 128
     sequences and allocated 112 GiB where TRL took 64)."""
-    budget = None if capacity is None else WARN_SHARE * capacity
+    by_memory = shapes is not None and capacity is not None
     length = _sequence_length(config)
     source = plan.old_log_prob_source
     plan = dataclasses.replace(plan, old_log_prob_source="recompute")
@@ -654,10 +655,10 @@ def size_micro_batches(
             continue
         for size in _sizes_to_try(micro, share, length):
             candidate = _with_micro(plan, field, dataclasses.replace(micro, size=size))
-            if shapes is None or budget is None:
+            if not by_memory:
                 break
             estimate = estimate_ppo_memory(config, candidate, shapes, capacity)
-            if estimate.total(PASS_PHASES[field]) <= budget:
+            if estimate.total(PASS_PHASES[field]) <= WARN_SHARE * capacity:
                 break
         plan = candidate  # the last one tried: the one that fits, else 1
         sized.append((micro.key, size))
