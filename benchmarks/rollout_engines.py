@@ -196,7 +196,8 @@ def run_engine(args: argparse.Namespace) -> dict:
 def decode_breakdown(engine, prompts: list[list[int]], params, device: str) -> dict:
     """Where one more `generate` call of the HF engine spends its time, per decode step (milliseconds): the whole
     call over its steps (prefill and the host's reads included) and the static loop's step (`_decode_and_sample`:
-    the model's step and the sampling from its logits, on CUDA one captured graph; None for the eager loop). On CUDA
+    the model's step, the sampling from its logits and the token's bookkeeping, on CUDA one captured graph; None for
+    the eager loop). On CUDA
     the step is timed by CUDA events recorded around it, which add no synchronisation; on CPU by the wall clock."""
     import torch
 

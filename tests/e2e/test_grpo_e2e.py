@@ -237,3 +237,24 @@ def test_memory_levers_train(ray_session, tiny_model_dir, arithmetic_data_dir, t
     resumed, history2, *_ = fit_trainer(overrides[:-2] + ["trainer.total_training_steps=3",
                                                           f"trainer.default_local_dir={tmp_path}"], tiny_model_dir)
     assert len(history2) == 1 and math.isfinite(history2[0]["actor/pg_loss"])  # step 3, from the step-2 checkpoint
+
+
+def test_the_static_decode_loop_trains_and_validates(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
+    """rollout.static_decode=true (CUDA's default) on the CPU: each rank's engine decodes in its kept KV cache and
+    loop buffers, the training batch and the validation batch each in their own shape; the pushed weights reach it
+    (its log-probs are the actor's) and every step has responses."""
+    from e2e_utils import fit_trainer
+
+    trainer, history, before, after, _ = fit_trainer(
+        tiny_overrides(tiny_model_dir, arithmetic_data_dir, "actor_rollout_ref.rollout.static_decode=true",
+                       "algorithm.rollout_correction.bypass_mode=false", "trainer.total_training_steps=2",
+                       "trainer.test_freq=1", f"trainer.default_local_dir={tmp_path}"),
+        tiny_model_dir)
+    assert trainer.plan.hf_static_decode
+    assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
+    for rank in after:
+        assert rank["rollout"] == pytest.approx(rank["actor"], rel=1e-6)
+    for metrics in history:
+        assert metrics["training/rollout_actor_logprob_diff_max"] < 1e-3
+        assert 0 < metrics["response_length/mean"] <= 16
+    assert any(key.startswith("val-") for key in history[-1])

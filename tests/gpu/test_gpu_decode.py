@@ -78,15 +78,36 @@ def test_static_decode_on_cuda_gives_the_eager_greedy_tokens_and_exact_log_probs
             torch.testing.assert_close(torch.tensor(completion.log_probs), expected_lp, atol=1e-3, rtol=0)
 
 
-def _cudagraph_counts() -> dict[str, int]:
-    """cudagraph trees' counters (torch._dynamo.utils.counters["inductor"]; torch 2.11's
-    torch/_inductor/cudagraph_trees.py and cudagraph_utils.py). A recorded graph -- a re-recording too -- adds its
-    non-static inputs (this decode step has three: tokens, mask, positions) to cudagraph_recorded_non_static_inputs; a
-    call run without its graph (past the re-recording limit, an input mutated outside the graph, ...) adds 1 to
-    cudagraph_skips."""
-    from torch._dynamo.utils import counters
+class _GraphCounts:
+    """CUDA graph captures and calls run without a graph, counted while in use (`with _GraphCounts() as counts:`,
+    then `counts.read()`). Captures: every recording or re-recording of a graph by torch's cudagraph trees begins one
+    (`torch.cuda.CUDAGraph.capture_begin`, counted through a wrapper; the trees' manager also captures once when it
+    is made). Skips: a call run without its graph (past the re-recording limit, an input mutated outside the graph,
+    ...) adds 1 to torch's counter `cudagraph_skips` (torch 2.11's torch/_inductor/cudagraph_utils.py)."""
 
-    return {name: counters["inductor"][name] for name in ("cudagraph_recorded_non_static_inputs", "cudagraph_skips")}
+    def __enter__(self) -> _GraphCounts:
+        import torch
+
+        self.captures = 0
+        self._capture_begin = torch.cuda.CUDAGraph.capture_begin
+        counts = self
+
+        def capture_begin(graph, *args, **kwargs):
+            counts.captures += 1
+            return counts._capture_begin(graph, *args, **kwargs)
+
+        torch.cuda.CUDAGraph.capture_begin = capture_begin
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        torch.cuda.CUDAGraph.capture_begin = self._capture_begin
+
+    def read(self) -> dict[str, int]:
+        from torch._dynamo.utils import counters
+
+        return {"captures": self.captures, "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
 
 
 @pytest.mark.needs("cuda")
@@ -96,7 +117,7 @@ def test_pushed_weights_reach_the_graph_without_re_recording(figures):
     pushed weights, the next rollout (and a one-row batch, between, in the rollout's two-row graph). The weights stay
     at the addresses the graph was captured with and the rollout's cache is still there, so the next rollout replays
     the graph it recorded: no re-recording (torch caps them at 128 per graph, then runs without one) and no call
-    without a graph (cudagraph trees' counters). It samples from the new weights: its greedy tokens are those of a
+    without a graph (`_GraphCounts`). It samples from the new weights: its greedy tokens are those of a
     fresh engine built on them."""
     import torch
 
@@ -109,32 +130,30 @@ def test_pushed_weights_reach_the_graph_without_re_recording(figures):
     greedy = SamplingParams(temperature=0.0, max_tokens=24)
     engine = HFRollout(copy.deepcopy(model), _Tokenizer(), device="cuda", weights_follow=True)
     assert engine.weights_resident
-    start = _cudagraph_counts()
-    _generate(engine, prompts, greedy)
-    recorded = _cudagraph_counts()
-    assert recorded["cudagraph_recorded_non_static_inputs"] > start["cudagraph_recorded_non_static_inputs"], (
-        f"the first rollout recorded no CUDA graph by torch's counters {recorded}: has torch renamed them?")
-    _generate(engine, validation, greedy)
-    kept = _cudagraph_counts()
-    _generate(engine, validation[:1], greedy)  # one row: decoded in the kept two-row graph (pad_to_kept_rows)
-    assert _cudagraph_counts() == kept, "a one-row batch recorded a graph of its own beside the kept two-row one"
-    addresses = [p.data_ptr() for p in engine.module.parameters()]
-    engine.sleep()
-    trained = copy.deepcopy(model)
-    with torch.no_grad():
-        for param in trained.parameters():
-            param.mul_(1.5)
-    engine.update_weights(trained.state_dict().items())
-    engine.wake_up()
-    before = _cudagraph_counts()
-    got, _ = _generate(engine, prompts, greedy)
-    after = _cudagraph_counts()
-    figures.update(recorded_inputs_delta=after["cudagraph_recorded_non_static_inputs"]
-                   - before["cudagraph_recorded_non_static_inputs"],
+    with _GraphCounts() as counts:
+        start = counts.read()
+        _generate(engine, prompts, greedy)
+        recorded = counts.read()
+        assert recorded["captures"] > start["captures"], "the first rollout captured no CUDA graph"
+        _generate(engine, validation, greedy)
+        kept = counts.read()
+        _generate(engine, validation[:1], greedy)  # one row: decoded in the kept two-row graph (pad_to_kept_rows)
+        assert counts.read() == kept, "a one-row batch recorded a graph of its own beside the kept two-row one"
+        addresses = [p.data_ptr() for p in engine.module.parameters()]
+        engine.sleep()
+        trained = copy.deepcopy(model)
+        with torch.no_grad():
+            for param in trained.parameters():
+                param.mul_(1.5)
+        engine.update_weights(trained.state_dict().items())
+        engine.wake_up()
+        before = counts.read()
+        got, _ = _generate(engine, prompts, greedy)
+        after = counts.read()
+    figures.update(captures_after_push=after["captures"] - before["captures"],
                    skips=after["cudagraph_skips"] - start["cudagraph_skips"])
     assert [p.data_ptr() for p in engine.module.parameters()] == addresses
-    assert after["cudagraph_recorded_non_static_inputs"] == before["cudagraph_recorded_non_static_inputs"], (
-        "the rollout after the push recorded its CUDA graph again")
+    assert after["captures"] == before["captures"], "the rollout after the push recorded its CUDA graph again"
     assert after["cudagraph_skips"] == start["cudagraph_skips"], "a decode step ran without its CUDA graph"
     fresh = HFRollout(trained, _Tokenizer(), device="cuda", config={"static_decode": False})
     expected, _ = _generate(fresh, prompts, greedy)

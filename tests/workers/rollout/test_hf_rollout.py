@@ -394,6 +394,45 @@ def test_the_static_loops_step_is_one_graph_of_the_model_and_the_sampling(model)
     torch._dynamo.reset()
 
 
+def test_the_static_loop_runs_nothing_on_the_device_between_its_steps(model):
+    """Each token of the static loop is one call of its step (on CUDA one graph replay): the bookkeeping -- writing the
+    token, ending the rows it finishes, the mask's next column, the positions, the random numbers -- happens inside it,
+    so the operations the host dispatches outside the step do not grow with the number of tokens (below the
+    every-16-steps check whether all rows are done)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops, self.paused = 0, False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += not self.paused
+            return func(*args, **(kwargs or {}))
+
+    engine = HFRollout(copy.deepcopy(model), TagTokenizer(), seed=1, config={"static_decode": True})
+    step = engine._decode_step
+    counter = Count()
+
+    def uncounted(*args, **kwargs):
+        counter.paused = True
+        try:
+            return step(*args, **kwargs)
+        finally:
+            counter.paused = False
+
+    engine._decode_step = uncounted
+    ops = {}
+    for greedy in (True, False):
+        for tokens in (4, 15):
+            params = SamplingParams(temperature=0.0 if greedy else 0.8, max_tokens=tokens)
+            counter.ops = 0
+            with counter:
+                engine.generate(PROMPTS, params)
+            ops[greedy, tokens] = counter.ops
+    assert ops[True, 4] == ops[True, 15] and ops[False, 4] == ops[False, 15], ops
+
+
 def test_stop_strings_and_top_log_probs_take_the_eager_loop(model, monkeypatch):
     engine = HFRollout(copy.deepcopy(model), TagTokenizer(), config={"static_decode": True})
     monkeypatch.setattr(engine, "_generate_batch_static", None)  # would raise if called

@@ -10,14 +10,16 @@ both taken *before* top-k / top-p filtering: that is the distribution the actor 
 (`logits / temperature`, then log-softmax), so `rollout_log_probs` and `old_log_probs` agree up to numerics.
 Top-k / top-p only restrict which token is drawn.
 
-Two decode loops sample from the same distributions (greedy: the same tokens; sampled: the same draws from the
-engine's generator until a row finishes, since the eager loop then draws for fewer rows):
+Two decode loops sample from the same distributions (greedy: the same tokens; sampled, on the CPU: the same draws
+from the engine's generator until a row finishes, since the eager loop then draws for fewer rows):
 - eager: a growing KV cache; rows leave the batch as they finish; the host reads each step's tokens to stop them.
 - static (`rollout.static_decode`; by default on CUDA, for plain sampling): a preallocated KV cache for the whole
   batch, finished rows masked on the device and decoded on (their tokens are dropped), the host reading the tokens
-  once at the end and whether every row is done once every `STATIC_DONE_CHECK` steps. On CUDA the decode step --
-  the model's step and the sampling from its logits, with the random numbers drawn just before it -- is compiled
-  into one CUDA graph (`torch.compile(mode="reduce-overhead")`): one launch per token instead of one per kernel.
+  once at the end and whether every row is done once every `STATIC_DONE_CHECK` steps. A decode step runs wholly on
+  the device over buffers kept per batch shape (`_StaticState`): the model's step, the sampling from its logits
+  (with random numbers drawn for every step in one draw before the loop), writing the token and ending the rows it
+  finishes. On CUDA it is compiled into one CUDA graph (`torch.compile(mode="reduce-overhead")`) that reads and
+  writes only fixed addresses: one launch per token instead of one per kernel, and nothing copied in.
   Stop strings and top log-probs need the decoded text or extra outputs per step: those requests take the eager
   loop.
 
@@ -136,6 +138,66 @@ class _Completion:
                                 self.top_log_probs)
 
 
+@dataclass
+class _StaticState:
+    """The static loop's device buffers for one batch shape `(rows, length)`: kept with its KV cache and reset for
+    each batch, so that they keep the addresses the compiled step was captured with (each is marked static for
+    torch.compile: mutated in place, never copied in)."""
+
+    tokens: torch.Tensor  # (rows, length) long: column t = each row's token of step t
+    log_probs: torch.Tensor  # (rows, length) float32
+    entropies: torch.Tensor  # (rows, length) float32
+    mask: torch.Tensor  # (rows, length) long: the attention mask, prompt and response
+    position_ids: torch.Tensor  # (rows, 1) long: the newest token's position
+    prompt_len: torch.Tensor  # () long: the padded prompt's length (the mask column of step 0's token)
+    step: torch.Tensor  # () long: the newest token's column
+    last: torch.Tensor  # (rows,) long: each row's max_tokens - 1
+    reason: torch.Tensor  # (rows,) long: _RUNNING, or why the row ended
+    end: torch.Tensor  # (rows,) long: the column of the row's last token
+    diverged: torch.Tensor  # () bool: a sampled token's log-prob was NaN
+    uniforms: torch.Tensor  # (length, rows, 1) float32: step t's random numbers at [t] (sampling only)
+    stop_kinds: torch.Tensor | None = None  # (vocab,) long: per token id, the reason it ends a row (_stop_kinds)
+
+    @classmethod
+    def allocate(cls, rows: int, length: int, device: torch.device) -> _StaticState:
+        def new(*shape: int, dtype=torch.long) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        state = cls(new(rows, length), new(rows, length, dtype=torch.float32), new(rows, length, dtype=torch.float32),
+                    new(rows, length), new(rows, 1), new(), new(), new(rows), new(rows), new(rows),
+                    new(dtype=torch.bool), new(length, rows, 1, dtype=torch.float32))
+        state._mark_static()
+        return state
+
+    def start(self, prompt_len: int, position_ids: torch.Tensor, max_tokens: list[int],
+              stop_kinds: torch.Tensor) -> None:
+        """Reset for a batch whose prompts were just prefilled: `position_ids` `(rows, 1)` = their last positions."""
+        self.prompt_len.fill_(prompt_len)
+        self.position_ids.copy_(position_ids)
+        self.step.zero_()
+        self.last.copy_(torch.tensor(max_tokens, dtype=torch.long) - 1)
+        self.reason.fill_(_RUNNING)
+        self.end.fill_(max(max_tokens) - 1)
+        self.diverged.fill_(False)
+        if self.stop_kinds is None or self.stop_kinds.shape != stop_kinds.shape:
+            self.stop_kinds = torch.empty_like(stop_kinds)
+            self._mark_static()
+        self.stop_kinds.copy_(stop_kinds)
+
+    def _mark_static(self) -> None:
+        for tensor in vars(self).values():
+            if tensor is not None:
+                torch._dynamo.mark_static_address(tensor)
+
+
+@dataclass
+class _StaticSlot:
+    """What the static loop keeps per batch shape: the KV cache (transformers' StaticCache) and the loop's state."""
+
+    cache: object
+    state: _StaticState
+
+
 def uses_static_decode(static_decode: bool | None, device_type: str, varying_batches: bool = False) -> bool:
     """Whether the HF engine decodes with the static loop: `rollout.static_decode`, where null means on CUDA only,
     and not for `varying_batches` (verl's async agent loops hand the engine whatever requests are pending, so nearly
@@ -180,8 +242,9 @@ class HFRollout(RolloutEngine):
         # between rollouts would re-record the graphs every step (and after torch's re-record limit, 128, run the
         # decode step uncompiled), so such an engine keeps them on the GPU and the push writes into them in place.
         self.weights_resident = self.static_decode and self.device.type == "cuda"
-        # (rows, length) -> a StaticCache kept for reuse, the most recently used last; at most STATIC_CACHES_KEPT.
-        self._static_caches: dict[tuple[int, int], object] = {}
+        # (rows, length) -> the KV cache and loop state kept for reuse, the most recently used last; at most
+        # STATIC_CACHES_KEPT.
+        self._static_caches: dict[tuple[int, int], _StaticSlot] = {}
         # The static loop's cache spans at least these (rollout.prompt_length / response_length), so that a run's
         # rollouts share one shape, hence one compiled graph, whatever their longest prompt.
         self._prompt_length = int(config_value(config, "prompt_length", default=None) or 0)
@@ -313,10 +376,8 @@ class HFRollout(RolloutEngine):
         self, requests: list[list[int]], params: SamplingParams, max_tokens: list[int]
     ) -> list[CompletionOutput]:
         """The static loop (module docstring): the same completions as the eager loop for requests without stop
-        strings or top log-probs. Row i's tokens, log-probs and entropies are columns [0, end_i] of device buffers;
-        `reason` says why it ended (EOS, a stop token id, max_tokens)."""
-        from transformers import StaticCache
-
+        strings or top log-probs. Row i's tokens, log-probs and entropies are columns [0, end_i] of the slot's device
+        buffers (`_StaticState`); `reason` says why it ended (EOS, a stop token id, max_tokens)."""
         rows, steps = len(requests), max(max_tokens)
         longest = max(self._prompt_length, *(len(r) for r in requests))
         prompt_len = -(-longest // STATIC_PROMPT_BUCKET) * STATIC_PROMPT_BUCKET
@@ -333,63 +394,33 @@ class HFRollout(RolloutEngine):
                 return padded[:rows]
         input_ids = pad_2d_list_to_tensor(requests, self.pad_token_id, prompt_len, left=True).to(self.device)
         prompt_mask = pad_2d_list_to_tensor([[1] * len(r) for r in requests], 0, prompt_len, left=True).to(self.device)
-        # The whole attention mask, prompt and response, in one buffer: a decode step sets its column to 1.
-        mask = torch.zeros(rows, length, dtype=prompt_mask.dtype, device=self.device)
-        mask[:, :prompt_len] = prompt_mask
-        cache = self._static_caches.pop((rows, length), None)
-        if cache is None:
-            cache = StaticCache(config=self.module.config, max_cache_len=length)
-            while len(self._static_caches) >= STATIC_CACHES_KEPT:  # the least recently used goes
-                del self._static_caches[next(iter(self._static_caches))]
-        else:
-            cache.reset()
-        self._static_caches[(rows, length)] = cache
+        slot = self._static_slot(rows, length)
+        state, cache = slot.state, slot.cache
+        state.mask.zero_()
+        state.mask[:, :prompt_len] = prompt_mask
         position_ids = compute_position_id_with_mask(prompt_mask)
-        logits = self.module(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+        logits = self.module(input_ids=input_ids, attention_mask=state.mask, position_ids=position_ids,
                              past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-        position_ids = position_ids[:, -1:].clone()
-
-        tokens_out = torch.full((rows, steps), self.pad_token_id, dtype=torch.long, device=self.device)
-        log_probs_out = torch.zeros(rows, steps, device=self.device)
-        entropies_out = torch.zeros(rows, steps, device=self.device)
-        reason = torch.full((rows,), _RUNNING, dtype=torch.long, device=self.device)
-        end = torch.full((rows,), steps - 1, dtype=torch.long, device=self.device)
-        eos = torch.tensor(sorted(self.eos_token_ids), dtype=torch.long, device=self.device)
-        stop_ids = torch.tensor(list(params.stop_token_ids or ()), dtype=torch.long, device=self.device)
-        last = torch.tensor(max_tokens, dtype=torch.long, device=self.device) - 1
-        diverged = torch.zeros((), dtype=torch.bool, device=self.device)  # a NaN log-prob, read at the syncs below
-        tokens, log_probs, entropies, _ = self._sample(logits, params, self._uniforms(rows, params))
-        for t in range(steps):
-            tokens_out[:, t], log_probs_out[:, t], entropies_out[:, t] = tokens, log_probs, entropies
-            diverged |= log_probs.isnan().any()
-            why = torch.where(torch.isin(tokens, eos), _EOS,
-                              torch.where(torch.isin(tokens, stop_ids), _STOP_TOKEN,
-                                          torch.where(last <= t, _LENGTH, _RUNNING)))
-            ends_now = (reason == _RUNNING) & (why != _RUNNING)
-            end = torch.where(ends_now, t, end)
-            reason = torch.where(ends_now, why, reason)
-            if t + 1 == steps:
-                break
-            if (t + 1) % STATIC_DONE_CHECK == 0:
-                done, nan = torch.stack([(reason != _RUNNING).all(), diverged]).tolist()
+        state.start(prompt_len, position_ids[:, -1:], max_tokens, self._stop_kinds(params, logits.shape[-1]))
+        if not params.greedy:  # every step's random numbers in one draw, as the eager loop draws them step by step
+            state.uniforms[:steps].copy_(torch.rand(steps, rows, 1, generator=self.generator, device=self.device))
+        tokens, log_probs, entropies, _ = self._sample(logits, params, None if params.greedy else state.uniforms[0])
+        self._record(state, tokens, log_probs, entropies)
+        for t in range(1, steps):
+            if t % STATIC_DONE_CHECK == 0:
+                done, nan = torch.stack([(state.reason != _RUNNING).all(), state.diverged]).tolist()
                 if nan:
                     raise diverged_weights()
                 if done:
                     break
-            mask[:, prompt_len + t] = 1
-            position_ids += 1
-            # The next step reads this step's tokens from tokens_out (the graph's outputs are rewritten by its next
-            # run); the random numbers are drawn outside it, from the engine's generator, as the eager loop draws.
-            tokens, log_probs, entropies = self._decode_step(tokens_out[:, t : t + 1], mask, position_ids, cache,
-                                                             self._uniforms(rows, params), params.greedy,
-                                                             params.temperature, params.top_k, params.top_p)
+            self._decode_step(state, cache, params.greedy, params.temperature, params.top_k, params.top_p)
 
-        if bool(diverged):
+        if bool(state.diverged):
             raise diverged_weights()
         # The one read of the results on the host.
-        tokens_host, log_probs_host, entropies_host = (x.cpu().numpy() for x in (tokens_out, log_probs_out,
-                                                                                  entropies_out))
-        reason_host, end_host = reason.tolist(), end.tolist()
+        tokens_host, log_probs_host, entropies_host = (x[:, :steps].cpu().numpy() for x in (
+            state.tokens, state.log_probs, state.entropies))
+        reason_host, end_host = state.reason.tolist(), state.end.tolist()
         completions = []
         for i in range(rows):
             n = end_host[i] + 1
@@ -402,22 +433,63 @@ class HFRollout(RolloutEngine):
                                                 None))
         return completions
 
-    def _decode_and_sample(self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, cache,
-                           uniform: torch.Tensor | None, greedy: bool, temperature: float, top_k: int,
-                           top_p: float):
-        """The static loop's step: one new token per row `(rows, 1)` through the model, attending to the cache under
-        `mask`, then the next token picked from its logits (`_pick`, with the `uniform` numbers when sampling);
-        returns the tokens, their log-probs and the entropies, `(rows,)` each. On CUDA this is the compiled graph,
-        so it takes the sampling settings as plain values."""
-        logits = self.module(input_ids=tokens, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                             use_cache=True).logits[:, -1]
-        scaled = _scaled(logits, greedy, temperature)
-        picked = self._pick(scaled, greedy, top_k, top_p, uniform)
-        return picked, logprobs_from_logits(scaled, picked), entropy_from_logits(scaled)
+    def _static_slot(self, rows: int, length: int) -> _StaticSlot:
+        """The kept KV cache and loop state of this batch shape (reset for a new batch), or new ones; the least
+        recently used shape goes past STATIC_CACHES_KEPT."""
+        from transformers import StaticCache
 
-    def _uniforms(self, rows: int, params: SamplingParams) -> torch.Tensor | None:
-        """The random numbers of one sampled step (`draw_uniforms`), None for greedy decoding."""
-        return None if params.greedy else draw_uniforms(rows, self.device, self.generator)
+        slot = self._static_caches.pop((rows, length), None)
+        if slot is None:
+            while len(self._static_caches) >= STATIC_CACHES_KEPT:
+                del self._static_caches[next(iter(self._static_caches))]
+            slot = _StaticSlot(StaticCache(config=self.module.config, max_cache_len=length),
+                               _StaticState.allocate(rows, length, self.device))
+        else:
+            slot.cache.reset()
+        self._static_caches[(rows, length)] = slot
+        return slot
+
+    def _stop_kinds(self, params: SamplingParams, vocab: int) -> torch.Tensor:
+        """`(vocab,)` long: per token id, _EOS for the end-of-sequence ids, else _STOP_TOKEN for `stop_token_ids`,
+        else _RUNNING (ids outside the model's vocabulary cannot be sampled and are left out)."""
+        kinds = torch.full((vocab,), _RUNNING, dtype=torch.long)
+        for ids, kind in ((params.stop_token_ids or (), _STOP_TOKEN), (self.eos_token_ids, _EOS)):
+            ids = [i for i in ids if 0 <= i < vocab]
+            kinds[ids] = kind
+        return kinds.to(self.device)
+
+    @staticmethod
+    def _record(state: _StaticState, tokens: torch.Tensor, log_probs: torch.Tensor, entropies: torch.Tensor) -> None:
+        """Write a step's sampled tokens, log-probs and entropies `(rows,)` at column `state.step`, and end the rows
+        they finish: by EOS, else a stop token id, else their max_tokens (a row's first reason is kept)."""
+        column = state.step.view(1)
+        state.tokens.index_copy_(1, column, tokens[:, None])
+        state.log_probs.index_copy_(1, column, log_probs[:, None].float())
+        state.entropies.index_copy_(1, column, entropies[:, None].float())
+        state.diverged.logical_or_(log_probs.isnan().any())
+        kind = state.stop_kinds[tokens]
+        why = torch.where(kind != _RUNNING, kind, torch.where(state.last <= state.step, _LENGTH, _RUNNING))
+        ends_now = (state.reason == _RUNNING) & (why != _RUNNING)
+        state.end.copy_(torch.where(ends_now, state.step, state.end))
+        state.reason.copy_(torch.where(ends_now, why, state.reason))
+
+    def _decode_and_sample(self, state: _StaticState, cache, greedy: bool, temperature: float, top_k: int,
+                           top_p: float) -> None:
+        """The static loop's step, all on the device: the newest tokens through the model (attending to the cache
+        under the mask, their column now set), the next token of each row picked from the logits (`_pick`, with the
+        step's pre-drawn uniform numbers when sampling) and recorded (`_record`). On CUDA this is the compiled graph:
+        it reads and writes only buffers at fixed addresses (the weights, the cache, `state`), so its replay copies
+        nothing in and the host launches one graph per token; it takes the sampling settings as plain values."""
+        newest = state.tokens.index_select(1, state.step.view(1))
+        state.mask.index_fill_(1, (state.prompt_len + state.step).view(1), 1)
+        state.position_ids.add_(1)
+        logits = self.module(input_ids=newest, attention_mask=state.mask, position_ids=state.position_ids,
+                             past_key_values=cache, use_cache=True).logits[:, -1]
+        state.step.add_(1)
+        scaled = _scaled(logits, greedy, temperature)
+        uniform = None if greedy else state.uniforms.index_select(0, state.step.view(1))[0]
+        picked = self._pick(scaled, greedy, top_k, top_p, uniform)
+        self._record(state, picked, logprobs_from_logits(scaled, picked), entropy_from_logits(scaled))
 
     def _pick(self, scaled: torch.Tensor, greedy: bool, top_k: int, top_p: float,
               uniform: torch.Tensor | None) -> torch.Tensor:
