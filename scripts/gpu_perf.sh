@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Issue 27's GPU figures in one call on a lent machine: the static decode loop's GPU tests (its graph's greedy
-# tokens against the eager loop's, its log-probs against the model's), the decode step with transformers' SDPA
-# against the grouped attention, the HF engine against `model.generate` (with the per-step breakdown), and the GRPO
-# step against TRL at the 0.5B shape; each with its own share of the budget, logs and JSON under $OUT (at most 8
-# files come back).
+# Issue 27's GPU figures on a lent machine, one plan per call, each step with its own share of the budget, logs and
+# JSON under $OUT (at most 8 files come back).
+#   GPU_PERF_PLAN=decode (the default): the static decode loop's GPU tests (its graph's greedy tokens against the
+#     eager loop's, its log-probs against the model's, no re-recording after a weight push), the decode step with
+#     transformers' SDPA against the grouped attention, `model.generate` then the HF engine (with its per-step
+#     breakdown) at the 0.5B shape, and Quiver's GRPO step at that shape (TRL's side is left out here: its code did
+#     not change since its H100 figure, 11.137 s/step, and it would take the budget the decode figures need).
+#   GPU_PERF_PLAN=1.5b: the GRPO step at the 1.5B shape, both sides (about 4 minutes: give the call what is left).
 #   bash .gpu/run.sh bash scripts/gpu_perf.sh                 # on a machine prepared with a wheelhouse (shared/gpu)
 #   GPU_PERF_SECONDS=500 bash scripts/gpu_perf.sh             # the budget (default 540 s; a lent call runs 600 at most)
 #   GPU_PERF_DRY_RUN=1 bash scripts/gpu_perf.sh               # print the commands, run nothing
-# Shares of the budget, from the H100 run of 2026-11-28: the decode tests 8% (about 30 s), decode_attention 10%
-# (two hand-captured graphs, seconds), rollout_engines 37% (the model's build, hf about 60 s with the graph's compile,
-# generate more than 85 s), grpo_step the rest (the model's build, Quiver about 110 s with Ray's start, TRL about
-# 100 s). Give the lent call a timeout_s of 580.
+# Shares of the decode plan, from the H100 run of 2026-11-28: the decode tests 6% (about 30 s), decode_attention 8%
+# (two hand-captured graphs, seconds), rollout_engines 46% (the model's build; generate first, the baseline, more
+# than 85 s at 3 timed calls, so 2 here; hf about 60 s with the graph's compile), grpo_step the rest (the model's
+# build, Quiver about 110 s with Ray's start and the graph's compile). Give the lent call a timeout_s of 580.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-$PWD/gpu_perf}"
@@ -18,12 +21,20 @@ budget="${GPU_PERF_SECONDS:-540}"
 start=$SECONDS
 left() { echo $((budget - (SECONDS - start))); }
 
-steps=(
-  "decode_test $((budget * 8 / 100)) -m pytest tests/gpu/test_gpu_decode.py -m gpu -v -rs -p no:cacheprovider"
-  "decode_attention $((budget / 10)) benchmarks/decode_attention.py --device cuda --rows 128"
-  "rollout_engines $((budget * 37 / 100)) benchmarks/rollout_engines.py --preset qwen2.5-0.5b-gpu --engines hf,generate --out $out/rollout_engines.json"
-  "grpo_step 0 benchmarks/grpo_step.py --preset qwen2.5-0.5b-gpu --out $out/grpo_step.json"
-)
+case "${GPU_PERF_PLAN:-decode}" in
+  decode)
+    steps=(
+      "decode_test $((budget * 6 / 100)) -m pytest tests/gpu/test_gpu_decode.py -m gpu -v -rs -p no:cacheprovider"
+      "decode_attention $((budget * 8 / 100)) benchmarks/decode_attention.py --device cuda --rows 128"
+      "rollout_engines $((budget * 46 / 100)) benchmarks/rollout_engines.py --preset qwen2.5-0.5b-gpu --engines generate,hf --repeats 2 --out $out/rollout_engines.json"
+      "grpo_step 0 benchmarks/grpo_step.py --preset qwen2.5-0.5b-gpu --side quiver --out $out/grpo_step.json"
+    ) ;;
+  1.5b)
+    steps=("grpo_step_15b 0 benchmarks/grpo_step.py --preset qwen2.5-1.5b-gpu --out $out/grpo_step_15b.json") ;;
+  *)
+    echo "[gpu_perf] GPU_PERF_PLAN=${GPU_PERF_PLAN}: use decode or 1.5b" >&2
+    exit 2 ;;
+esac
 if [ -n "${GPU_PERF_DRY_RUN:-}" ]; then
   for step in "${steps[@]}"; do
     read -r _ _ command <<<"$step"

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,14 +26,19 @@ def test_without_cuda_it_stops_at_once_saying_so(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["machine.txt"]
 
 
-def test_every_command_it_runs_parses_with_its_benchmarks_flags(tmp_path, monkeypatch):
-    env = dict(os.environ, OUT=str(tmp_path / "out"), GPU_PERF_DRY_RUN="1")
+@pytest.mark.parametrize("plan, benchmarks", [
+    ("decode", ["decode_attention", "rollout_engines", "grpo_step"]),
+    ("1.5b", ["grpo_step"]),
+])
+def test_every_command_it_runs_parses_with_its_benchmarks_flags(tmp_path, monkeypatch, plan, benchmarks):
+    env = dict(os.environ, OUT=str(tmp_path / "out"), GPU_PERF_DRY_RUN="1", GPU_PERF_PLAN=plan)
     listed = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     commands = [shlex.split(line) for line in listed.stdout.splitlines()]
-    assert commands[0][:4] == ["python3", "-m", "pytest", "tests/gpu/test_gpu_decode.py"]
-    assert (REPO / commands[0][3]).is_file()
-    commands = commands[1:]
-    assert [Path(words[1]).stem for words in commands] == ["decode_attention", "rollout_engines", "grpo_step"]
+    if plan == "decode":
+        assert commands[0][:4] == ["python3", "-m", "pytest", "tests/gpu/test_gpu_decode.py"]
+        assert (REPO / commands[0][3]).is_file()
+        commands = commands[1:]
+    assert [Path(words[1]).stem for words in commands] == benchmarks
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the GPU presets ask for a device
@@ -40,3 +46,9 @@ def test_every_command_it_runs_parses_with_its_benchmarks_flags(tmp_path, monkey
         module = importlib.import_module(Path(script).stem)
         parsed = module.parse_args(args)
         assert getattr(parsed, "device", "cuda") == "cuda", script
+
+
+def test_an_unknown_plan_is_named(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path / "out"), GPU_PERF_PLAN="fast")
+    result = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "GPU_PERF_PLAN=fast: use decode or 1.5b" in result.stderr
