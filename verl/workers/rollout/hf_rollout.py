@@ -486,10 +486,9 @@ class HFRollout(RolloutEngine):
         logits = self.module(input_ids=newest, attention_mask=state.mask, position_ids=state.position_ids,
                              past_key_values=cache, use_cache=True).logits[:, -1]
         state.step.add_(1)
-        scaled = _scaled(logits, greedy, temperature)
         uniform = None if greedy else state.uniforms.index_select(0, state.step.view(1))[0]
-        picked = self._pick(scaled, greedy, top_k, top_p, uniform)
-        self._record(state, picked, logprobs_from_logits(scaled, picked), entropy_from_logits(scaled))
+        _, picked, log_probs, entropies = self._draw(logits, greedy, temperature, top_k, top_p, uniform)
+        self._record(state, picked, log_probs, entropies)
 
     def _pick(self, scaled: torch.Tensor, greedy: bool, top_k: int, top_p: float,
               uniform: torch.Tensor | None) -> torch.Tensor:
@@ -510,12 +509,21 @@ class HFRollout(RolloutEngine):
         """Next token, its log-prob, the distribution's entropy for each row and, with `params.logprobs=k`, the
         top-k (log-probs, token ids) `(batch, k)` of the same distribution (else None). logits `(batch, vocab)`;
         `uniform`: the step's random numbers drawn beforehand (else drawn here from the engine's generator)."""
-        logits = _scaled(logits, params.greedy, params.temperature)
-        tokens = self._pick(logits, params.greedy, params.top_k, params.top_p, uniform)
+        scaled, tokens, log_probs, entropies = self._draw(logits, params.greedy, params.temperature, params.top_k,
+                                                          params.top_p, uniform)
         top = None
         if params.logprobs:
-            top = torch.topk(logits.log_softmax(dim=-1), min(params.logprobs, logits.shape[-1]), dim=-1)
-        return tokens, logprobs_from_logits(logits, tokens), entropy_from_logits(logits), top
+            top = torch.topk(scaled.log_softmax(dim=-1), min(params.logprobs, scaled.shape[-1]), dim=-1)
+        return tokens, log_probs, entropies, top
+
+    def _draw(self, logits: torch.Tensor, greedy: bool, temperature: float, top_k: int, top_p: float,
+              uniform: torch.Tensor | None):
+        """The module docstring's definitions for one step of logits `(batch, vocab)`, from plain sampling values
+        (so that the compiled step can take them): the `_scaled` logits, the next tokens (`_pick`), their log-probs
+        and the distribution's entropy."""
+        scaled = _scaled(logits, greedy, temperature)
+        tokens = self._pick(scaled, greedy, top_k, top_p, uniform)
+        return scaled, tokens, logprobs_from_logits(scaled, tokens), entropy_from_logits(scaled)
 
     @staticmethod
     def _top_entry(values: list[float], ids: list[int], token: int, log_prob: float) -> list[float]:
