@@ -14,6 +14,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from verl.single_controller.base.decorator import MAGIC_ATTR, Execute, RegisterInfo
 from verl.single_controller.base.worker import get_node_ip_and_free_port
+from verl.single_controller.ray.host import HOST_POOL, THREAD_VARIABLES, WorkerHost
 
 PLACEMENT_GROUP_TIMEOUT_S = 60.0
 # Ray's resource reports lag a little behind placement groups that were just removed.
@@ -153,16 +154,23 @@ class RayClassWithInitArgs:
 
     @property
     def user_cls(self) -> type:
+        """The worker class as written (a class wrapped with ray.remote gives back the class it wraps)."""
         if isinstance(self.cls, ray.actor.ActorClass):
-            return self.cls.__ray_metadata__.modified_class
+            return self.cls.__ray_actor_class__
         return self.cls
 
-    def create(self, options: dict, env_vars: dict[str, str]):
-        remote_cls = self.cls if isinstance(self.cls, ray.actor.ActorClass) else ray.remote(self.cls)
+    def host_options(self, options: dict, env_vars: dict[str, str]) -> dict:
+        """The Ray actor options of one rank's host: the group's placement and ``env_vars`` merged into this
+        class's own options (runtime_env included)."""
         runtime_env = dict(self.options.get("runtime_env") or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}
-        merged = {**self.options, **options, "runtime_env": runtime_env}
-        return remote_cls.options(**merged).remote(*self.args, **self.kwargs)
+        return {**self.options, **options, "runtime_env": runtime_env}
+
+    @property
+    def poolable(self) -> bool:
+        """Whether a kept host (host.py) can run this class: its options set nothing a running process cannot
+        take on later (environment variables can be; a pip or working_dir runtime_env cannot)."""
+        return set(self.options) <= {"runtime_env"} and set(self.options.get("runtime_env") or {}) <= {"env_vars"}
 
 
 class WorkerGroupFuture:
@@ -181,8 +189,10 @@ def _first(outputs: list):
 
 
 class RayWorkerGroup:
-    """``world_size`` Ray actors of one worker class; every ``@register``-ed method of the class becomes a
-    driver-side method of the same name that dispatches, runs on the ranks and collects (see decorator.py)."""
+    """``world_size`` ranks of one worker class, each a `WorkerHost` Ray actor (host.py) that holds the rank's
+    worker object; every ``@register``-ed method of the class becomes a driver-side method of the same name that
+    dispatches, runs on the ranks and collects (see decorator.py). `workers` are the hosts' actor handles: a method
+    of rank i's worker runs with ``workers[i].call.remote("method", *args)``."""
 
     def __init__(
         self,
@@ -199,6 +209,10 @@ class RayWorkerGroup:
         # Actor names must be unique in the cluster, also while an earlier group's actors are still being killed.
         self.name_prefix = f"{name_prefix or 'wg'}_{uuid.uuid4().hex[:6]}"
         self._workers: list = []
+        self._starting: list = []  # the ranks' `WorkerHost.start` calls, until `_ready` has waited for them
+        self._host_threads: list[dict] = []  # a pooled group's hosts' thread variables, in rank order
+        self._class_name = ray_cls_with_init.user_cls.__name__
+        self._pooled_group = self._pooled(ray_cls_with_init)
         self._create_workers(ray_cls_with_init)
         self._bind_worker_methods(ray_cls_with_init.user_cls)
 
@@ -244,7 +258,39 @@ class RayWorkerGroup:
                 }
                 if pool.detached:
                     options["lifetime"] = "detached"
-                self._workers.append(cls_with_init.create(options, env))
+                self._workers.append(self._host(cls_with_init, options, env))
+                # The class's own environment variables too: a kept host did not start with them.
+                self._starting.append(self._workers[-1].start.remote(
+                    cls_with_init.user_cls, cls_with_init.args, cls_with_init.kwargs,
+                    cls_with_init.host_options({}, env)["runtime_env"]["env_vars"]))
+
+    def _pooled(self, cls_with_init: RayClassWithInitArgs) -> bool:
+        """Whether this group's ranks come from and go back to the driver's `HOST_POOL` (host.py): only when it
+        is on, and for a single-node CPU group whose class options a running process can take on."""
+        pool = self.resource_pool
+        return (HOST_POOL.enabled and self.device == "cpu" and not pool.use_gpu and not pool.detached
+                and len(pool.process_on_nodes) == 1 and cls_with_init.poolable)
+
+    def _host(self, cls_with_init: RayClassWithInitArgs, options: dict, env: dict[str, str]):
+        """A kept host from the pool, or a new host actor placed in the rank's bundle. A pooled host is outside
+        every placement group (removing a group's placement group kills the actors in it) and takes no CPU of
+        Ray's accounting: the placement group still holds the rank's share. It started with the rank's thread
+        variables (OpenMP and MKL size their pools when the process starts) and serves only ranks with the same."""
+        if not self._pooled_group:
+            return ray.remote(WorkerHost).options(**cls_with_init.host_options(options, env)).remote()
+        threads = {key: env[key] for key in THREAD_VARIABLES if key in env}
+        host = HOST_POOL.take(threads)
+        if host is None:
+            host = ray.remote(WorkerHost).options(num_cpus=0, runtime_env={"env_vars": threads}).remote()
+        self._host_threads.append(threads)
+        return host
+
+    def _ready(self) -> None:
+        """Waits once for every rank's worker to be built (together: a constructor may join the process group),
+        so that a constructor's error is raised as itself, before any method runs."""
+        if self._starting:
+            starting, self._starting = self._starting, []
+            ray.get(starting)
 
     def _bind_worker_methods(self, user_cls: type) -> None:
         for name in dir(user_cls):
@@ -260,31 +306,41 @@ class RayWorkerGroup:
         mode = info.dispatch_mode
         rank_args, rank_kwargs = mode.dispatch_fn(self, *args, **kwargs)
         rank_zero = info.execute_mode is Execute.RANK_ZERO or mode.rank_zero_only
-        refs = [
-            getattr(self._workers[r], name).remote(
-                *(a[r] for a in rank_args), **{k: v[r] for k, v in rank_kwargs.items()}
-            )
-            for r in ([0] if rank_zero else range(self.world_size))
-        ]
+        ranks = [0] if rank_zero else range(self.world_size)
+        refs = self._run(name, ranks, [[a[r] for a in rank_args] for r in ranks],
+                         [{k: v[r] for k, v in rank_kwargs.items()} for r in ranks])
         future = WorkerGroupFuture(refs, _first if rank_zero else functools.partial(mode.collect_fn, self))
         return future.get() if info.blocking else future
 
+    def _run(self, name: str, ranks, rank_args: list, rank_kwargs: list) -> list:
+        """Starts worker method `name` on `ranks`, each with its own arguments; the object refs, in that order.
+        Ray names each task after the worker's method (``ActorRolloutRefWorker.update_actor``), as errors show."""
+        self._ready()
+        task = f"{self._class_name}.{name}"
+        return [self._workers[r].call.options(name=task).remote(name, *a, **k)
+                for r, a, k in zip(ranks, rank_args, rank_kwargs)]
+
     def execute_all_sync(self, method_name: str, *args, **kwargs) -> list:
-        """Calls any actor method on every rank with the same arguments; returns the outputs in rank order."""
-        return ray.get([getattr(w, method_name).remote(*args, **kwargs) for w in self._workers])
+        """Calls any worker method on every rank with the same arguments; returns the outputs in rank order."""
+        n = self.world_size
+        return ray.get(self._run(method_name, range(n), [args] * n, [kwargs] * n))
 
     def execute_rank_zero_sync(self, method_name: str, *args, **kwargs):
-        return ray.get(getattr(self._workers[0], method_name).remote(*args, **kwargs))
+        return ray.get(self._run(method_name, [0], [args], [kwargs]))[0]
 
     def get_node_ids(self) -> list[str]:
         """The Ray node id each rank runs on, in rank order."""
         return self.resource_pool.bundle_node_ids()
 
     def shutdown(self) -> None:
-        """Kills the actors; the resource pool stays (other groups may share it), see `RayResourcePool.remove`."""
-        for w in self._workers:
-            ray.kill(w)
-        self._workers = []
+        """Kills the ranks' hosts, or gives them back to the driver's `HOST_POOL` when the group came from it; the
+        resource pool stays (other groups may share it), see `RayResourcePool.remove`."""
+        hosts, self._workers, self._starting = self._workers, [], []
+        if self._pooled_group and HOST_POOL.enabled:
+            HOST_POOL.give_back(hosts, self._host_threads)
+            return
+        for host in hosts:
+            ray.kill(host)
 
 
 def _node_ip_and_free_port(node_id: str) -> tuple[str, int]:

@@ -1,0 +1,155 @@
+"""Worker hosts kept between groups (verl/single_controller/ray/host.py): a kept process gives the next worker what
+a new process would, and a process a worker changed is not kept."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import ray
+import torch
+import torch.distributed as dist
+
+from verl.single_controller.base import Dispatch, Worker, register
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.single_controller.ray.host import HOST_POOL
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Probe(Worker):
+    def __init__(self, fail: str = ""):
+        super().__init__()
+        if fail:
+            raise ValueError(fail)
+        self.init_process_group("cpu")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def look(self, module_dir: str = "") -> dict:
+        total = torch.tensor([float(self.rank)])
+        dist.all_reduce(total)
+        seen = {"pid": os.getpid(), "rank": self.rank, "sum": total.item(), "draw": torch.rand(1).item(),
+                "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
+                "flag": os.environ.get("PROBE_FLAG")}
+        if module_dir:
+            sys.path.insert(0, module_dir)
+            import probe_module
+
+            seen["module"] = probe_module.VALUE
+        return seen
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def leave_behind(self, what: str) -> None:
+        if what == "thread":
+            threading.Thread(target=time.sleep, args=(30,), name="sleeper", daemon=True).start()
+        elif what == "child":
+            self.child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        elif what == "env":
+            os.environ["PROBE_FLAG"] = "changed"
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def fail(self) -> None:
+        raise KeyError("the probe's own error")
+
+
+def _group(flag: str = "on", **kwargs) -> RayWorkerGroup:
+    cls = RayClassWithInitArgs(Probe, **kwargs)
+    cls.update_options({"runtime_env": {"env_vars": {"PROBE_FLAG": flag}}})
+    return RayWorkerGroup(RayResourcePool([2], use_gpu=False), cls, device="cpu")
+
+
+@pytest.fixture
+def pool(ray_session):
+    """The driver's host pool, on and empty for the test; off and empty after it."""
+    HOST_POOL.clear()
+    HOST_POOL.retired.clear()
+    HOST_POOL.enable()
+    yield HOST_POOL
+    HOST_POOL.disable()
+
+
+def _look(group: RayWorkerGroup, module_dir: str = "") -> list[dict]:
+    try:
+        return group.look(module_dir)
+    finally:
+        group.shutdown()
+        group.resource_pool.remove()
+
+
+def test_a_kept_host_gives_the_next_group_what_a_new_process_would(pool, tmp_path):
+    for name, value in (("first", 1), ("second", 2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "probe_module.py").write_text(f"VALUE = {value}\n")
+    first = _look(_group("on"), str(tmp_path / "first"))
+    assert len(pool) == 2 and pool.retired == []
+    second = _look(_group("off"), str(tmp_path / "second"))
+    assert sorted(s["pid"] for s in second) == sorted(s["pid"] for s in first)  # the same processes
+    assert [s["rank"] for s in second] == [0, 1]
+    by_pid = {s["pid"]: s for s in first}
+    for b in second:
+        a = by_pid[b["pid"]]
+        assert b["sum"] == 1.0  # a new process group on a new port
+        assert b["draw"] == a["draw"]  # torch's RNG as the process had it before its first worker
+        assert b["threads"] == a["threads"] == int(b["omp"])
+        assert (a["flag"], b["flag"]) == ("on", "off")
+        assert (a["module"], b["module"]) == (1, 2)  # a module from outside the installed packages is read again
+
+
+@pytest.mark.parametrize("what, reason", [("thread", "threads running: ['sleeper']"),
+                                          ("child", "child processes running")])
+def test_a_host_whose_worker_left_something_running_is_not_kept(pool, what, reason):
+    group = _group()
+    group.leave_behind(what)
+    group.shutdown()
+    group.resource_pool.remove()
+    assert len(pool) == 0 and len(pool.retired) == 2 and all(reason in r for r in pool.retired)
+
+
+def test_the_environment_a_worker_changed_is_not_passed_on(pool):
+    group = _group("on")
+    group.leave_behind("env")
+    group.shutdown()
+    group.resource_pool.remove()
+    assert len(pool) == 2
+    assert {s["flag"] for s in _look(_group("again"))} == {"again"}
+
+
+def test_errors_name_the_worker_and_keep_their_type(pool):
+    with pytest.raises(ValueError, match="bad constructor argument"):
+        _look(_group(fail="bad constructor argument"))  # the constructor's error, raised at the first call
+    assert len(pool) == 2  # a worker that was never built leaves nothing behind
+    group = _group()
+    try:
+        with pytest.raises(KeyError, match="the probe's own error") as err:
+            group.fail()
+        assert "Probe.fail" in str(err.value)  # Ray names the task after the worker's method, not the host's
+    finally:
+        group.shutdown()
+        group.resource_pool.remove()
+
+
+def test_groups_are_not_pooled_when_the_pool_is_off_or_the_options_need_a_new_process(pool):
+    cls = RayClassWithInitArgs(Probe)
+    cls.update_options({"max_restarts": 1})
+    assert not cls.poolable
+    group = RayWorkerGroup(RayResourcePool([2], use_gpu=False), cls, device="cpu")
+    pids = {s["pid"] for s in _look(group)}
+    assert len(pool) == 0
+    pool.disable()
+    try:
+        _look(_group())
+        assert len(pool) == 0
+    finally:
+        pool.enable()
+    assert pids.isdisjoint(s["pid"] for s in _look(_group()))
+
+
+def test_a_full_pool_kills_the_hosts_it_cannot_keep(pool):
+    pool.max_idle, kept = 1, pool.max_idle
+    try:
+        _look(_group())
+        assert len(pool) == 1 and pool.retired == ["the pool is full"]
+    finally:
+        pool.max_idle = kept
