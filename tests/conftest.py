@@ -63,12 +63,18 @@ def arithmetic_data_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray instance shared by every test that needs workers (starting Ray costs seconds)."""
+    """One local Ray instance shared by every test that needs workers (starting Ray costs seconds). Its worker
+    processes are kept between the tests' trainers (verl/single_controller/ray/host.py): a rank's process would
+    otherwise spend about 9 s importing torch and transformers again for each of some hundred tiny runs."""
     import ray
+
+    from verl.single_controller.ray.host import HOST_POOL
 
     if not ray.is_initialized():
         ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    HOST_POOL.enable()
     yield ray
+    HOST_POOL.disable()
     ray.shutdown()
 

@@ -50,6 +50,26 @@ class Probe(Worker):
             os.environ["PROBE_FLAG"] = "changed"
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def mesh_coordinate(self) -> tuple[int, int]:
+        """This rank's coordinate in the mesh of a DTensor made by an operation (which DTensor's caches serve)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",))
+        made = distribute_tensor(torch.arange(4.0), mesh, [Shard(0)]) * 2
+        return self.rank, made.device_mesh.get_coordinate()[0]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def register_loss(self, module_dir: str) -> list[str]:
+        """Imports a user's module that registers a policy loss; the registry's names after it."""
+        from verl.trainer.ppo import core_algos
+
+        sys.path.insert(0, module_dir)
+        import probe_loss  # noqa: F401
+
+        return sorted(core_algos.POLICY_LOSS_REGISTRY)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def fail(self) -> None:
         raise KeyError("the probe's own error")
 
@@ -62,12 +82,12 @@ def _group(flag: str = "on", **kwargs) -> RayWorkerGroup:
 
 @pytest.fixture
 def pool(ray_session):
-    """The driver's host pool, on and empty for the test; off and empty after it."""
+    """The session's host pool (tests/conftest.py turns it on), empty for the test."""
+    assert HOST_POOL.enabled
     HOST_POOL.clear()
     HOST_POOL.retired.clear()
-    HOST_POOL.enable()
     yield HOST_POOL
-    HOST_POOL.disable()
+    HOST_POOL.clear()
 
 
 def _look(group: RayWorkerGroup, module_dir: str = "") -> list[dict]:
@@ -153,3 +173,36 @@ def test_a_full_pool_kills_the_hosts_it_cannot_keep(pool):
         assert len(pool) == 1 and pool.retired == ["the pool is full"]
     finally:
         pool.max_idle = kept
+
+
+def test_dtensors_made_on_a_kept_host_carry_its_new_rank(pool):
+    """DTensor caches output specs under meshes that compare equal whatever the rank: a kept cache would give rank
+    0 the mesh of the worker that ran there as rank 1 (a checkpoint re-sharded on it cut the wrong pieces)."""
+    for _ in range(3):  # the hosts swap ranks between groups (the pool hands out the most recently kept first)
+        group = _group()
+        try:
+            assert group.mesh_coordinate() == [(0, 0), (1, 1)]
+        finally:
+            group.shutdown()
+            group.resource_pool.remove()
+    assert len(pool) == 2
+
+
+def test_what_a_forgotten_module_registered_is_forgotten_too(pool, tmp_path):
+    plugin = """from verl.trainer.ppo.core_algos import register_policy_loss
+
+
+@register_policy_loss("probe_loss")
+def probe_loss(*args, **kwargs):
+    raise NotImplementedError
+"""
+    for name in ("first", "second"):  # the second registration of the name would fail in a process that has the first
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "probe_loss.py").write_text(plugin)
+        group = _group()
+        try:
+            assert all("probe_loss" in names for names in group.register_loss(str(tmp_path / name)))
+        finally:
+            group.shutdown()
+            group.resource_pool.remove()
+    assert len(pool) == 2

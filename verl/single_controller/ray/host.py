@@ -6,20 +6,17 @@ Every rank of a `RayWorkerGroup` is a `WorkerHost` actor. The group builds the r
 A driver that runs many short trainers one after another (the test suite: about a hundred tiny runs) can instead
 keep the hosts of a finished group in the `HostPool` and hand them to the next group on the same node. A new rank then
 costs the worker's constructor instead of a new Python process that imports torch, transformers and the workers'
-modules again (about 9 s per rank on a 2-core machine, nine tenths of a tiny run). A host returns to the pool only
-if the worker left the process as it found it: `release` drops the worker, leaves the torch.distributed groups,
-clears torch.compile's caches and puts back the environment, `sys.path`, torch's RNG state, thread count and default
-dtype; modules imported from outside the installed packages are forgotten (a reward function or an external_lib
-module of the next run is read afresh). A host whose worker left a thread or a child process running, imported vLLM,
-touched CUDA or kept much more memory than it started with is killed instead. The pool is off unless
-`HOST_POOL.enable()` is called, and it only takes hosts of single-node CPU groups whose actor options carry nothing
-but environment variables.
+modules again (about 9 s per rank on a 2-core machine, nine tenths of a tiny run).
 
-Not yet on in the test suite. With it on, the suite took 17:49 instead of 30:00 on a 2-core machine, and three tests
-failed. One of them shows that a kept host is not yet a new process to the bit: a 2-rank run resumed from a
-1-rank checkpoint on kept hosts differs from the same run on new processes. Its weights' checksum after loading
-differs in the twelfth digit, and the step's sampled tokens then differ. The other two: a loss registered by a
-user's module (trainer.plugins) and the reward manager's process pool.
+A host returns to the pool only if the worker left the process as it found it. `release` drops the worker, leaves
+the torch.distributed groups and clears torch.compile's and DTensor's caches (DTensor's are keyed by meshes that
+compare equal whatever this process's rank in them: a kept cache hands the next worker the old rank's mesh). It puts
+back the environment, `sys.path`, torch's RNG state, thread count and default dtype, and forgets the modules imported
+from outside the installed packages together with what they registered in verl's registries (a reward function or an
+external_lib module of the next run is read afresh). A host whose worker left a thread or a child process running,
+imported vLLM, touched CUDA or kept much more memory than it started with is killed instead. The pool is off unless
+`HOST_POOL.enable()` is called (tests/conftest.py does), and it only takes hosts of single-node CPU groups whose
+actor options carry nothing but environment variables.
 """
 
 from __future__ import annotations
@@ -49,6 +46,44 @@ def _installed_roots() -> tuple[str, ...]:
 
     roots.add(os.path.dirname(os.path.abspath(verl.__file__)))
     return tuple(os.path.abspath(root) + os.sep for root in roots)
+
+
+def _clear_dtensor_caches() -> None:
+    """Forgets what DTensor cached about the finished worker's meshes. Its caches are keyed by specs whose
+    `DeviceMesh` compares equal to any mesh of the same shape and names, whatever this process's rank in it, so a
+    cached output spec would hand the next worker the old mesh, with the old rank's coordinate (FSDP2's re-sharding
+    of a checkpoint then cut rank 1's piece on rank 0)."""
+    import torch
+    from torch.distributed.tensor import DTensor, _redistribute
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)  # the C++ dispatch's own cache
+    if native is not None:
+        native()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for cached in (propagator.propagate_op_sharding, getattr(propagator, "_propagate_tensor_meta_cached", None),
+                   getattr(_redistribute, "_gen_transform_infos", None), MeshTopoInfo.build_from_mesh):
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+    planner = getattr(_redistribute, "clear_redistribute_planner_cache", None)
+    if planner is not None:
+        planner()
+
+
+def _unregister(modules: set[str]) -> None:
+    """Drops from verl's registries (module-level dicts: policy losses, advantage estimators, reward managers,
+    agent loops...) what the forgotten `modules` registered, as a new process would not have it: a user's module
+    read again, or another with the same loss name, registers afresh."""
+    if not modules:
+        return
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "verl" or name.startswith("verl.")):
+            continue
+        for registry in list(vars(module).values()):
+            if isinstance(registry, dict):
+                for key, value in list(registry.items()):
+                    if getattr(value, "__module__", None) in modules:
+                        del registry[key]
 
 
 def _rss_bytes() -> int:
@@ -99,6 +134,7 @@ class WorkerHost:
             return None  # no worker was ever built here
         if dist.is_initialized():
             dist.destroy_process_group()
+        _clear_dtensor_caches()
         torch._dynamo.reset()
         gc.collect()
         for key, value in self._env_before.items():  # what `start` set; what imports set stays, as the modules do
@@ -112,10 +148,13 @@ class WorkerHost:
         torch.set_rng_state(rng)
         torch.set_num_threads(threads)
         torch.set_default_dtype(dtype)
+        forgotten = set()
         for name, module in list(sys.modules.items()):
             origin = getattr(module, "__file__", None)  # torch.ops and torch.classes give a bare file name: kept
             if isinstance(origin, str) and os.path.isabs(origin) and not origin.startswith(base["roots"]):
                 del sys.modules[name]
+                forgotten.add(name)
+        _unregister(forgotten)
         return self._taint()
 
     def _taint(self) -> str | None:
@@ -191,5 +230,5 @@ class HostPool:
         return len(self._idle)
 
 
-# The driver's one pool; off unless a driver that starts many trainers turns it on.
+# The driver's one pool; off unless a driver that starts many trainers turns it on (tests/conftest.py does).
 HOST_POOL = HostPool()
