@@ -137,8 +137,15 @@ def test_the_environment_a_worker_changed_is_not_passed_on(pool):
 
 
 def test_errors_name_the_worker_and_keep_their_type(pool):
-    with pytest.raises(ValueError, match="bad constructor argument"):
-        _look(_group(fail="bad constructor argument"))  # the constructor's error, raised at the first call
+    broken = _group(fail="bad constructor argument")
+    try:
+        with pytest.raises(ValueError, match="bad constructor argument"):
+            broken.look()  # the constructor's error, raised at the first call
+        with pytest.raises(RuntimeError, match="this rank has no worker to run look: its constructor failed"):
+            broken.look()
+    finally:
+        broken.shutdown()
+        broken.resource_pool.remove()
     assert len(pool) == 2  # a worker that was never built leaves nothing behind
     group = _group()
     try:

@@ -122,6 +122,9 @@ class WorkerHost:
         self.worker = cls(*args, **kwargs)
 
     def call(self, name: str, *args, **kwargs):
+        if self.worker is None:
+            raise RuntimeError(f"this rank has no worker to run {name}: its constructor failed (the group's first "
+                               "call raised its error) or the group was shut down")
         return getattr(self.worker, name)(*args, **kwargs)
 
     def release(self) -> str | None:
