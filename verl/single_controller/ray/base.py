@@ -159,11 +159,14 @@ class RayClassWithInitArgs:
             return self.cls.__ray_actor_class__
         return self.cls
 
+    def env_vars(self, rank_env: dict[str, str]) -> dict[str, str]:
+        """A rank's environment: this class's runtime_env variables, then the rank's own (`rank_env`)."""
+        return {**(self.options.get("runtime_env") or {}).get("env_vars", {}), **rank_env}
+
     def host_options(self, options: dict, env_vars: dict[str, str]) -> dict:
         """The Ray actor options of one rank's host: the group's placement and ``env_vars`` merged into this
         class's own options (runtime_env included)."""
-        runtime_env = dict(self.options.get("runtime_env") or {})
-        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}
+        runtime_env = {**(self.options.get("runtime_env") or {}), "env_vars": self.env_vars(env_vars)}
         return {**self.options, **options, "runtime_env": runtime_env}
 
     @property
@@ -261,8 +264,7 @@ class RayWorkerGroup:
                 self._workers.append(self._host(cls_with_init, options, env))
                 # The class's own environment variables too: a kept host did not start with them.
                 self._starting.append(self._workers[-1].start.remote(
-                    cls_with_init.user_cls, cls_with_init.args, cls_with_init.kwargs,
-                    cls_with_init.host_options({}, env)["runtime_env"]["env_vars"]))
+                    cls_with_init.user_cls, cls_with_init.args, cls_with_init.kwargs, cls_with_init.env_vars(env)))
 
     def _pooled(self, cls_with_init: RayClassWithInitArgs) -> bool:
         """Whether this group's ranks come from and go back to the driver's `HOST_POOL` (host.py): only when it
