@@ -14,7 +14,8 @@ compare equal whatever this process's rank in them: a kept cache hands the next 
 back the environment, `sys.path`, torch's RNG state, thread count and default dtype, and forgets the modules imported
 from outside the installed packages together with what they registered in verl's registries (a reward function or an
 external_lib module of the next run is read afresh). A host whose worker left a thread or a child process running,
-imported vLLM, touched CUDA or kept much more memory than it started with is killed instead. The pool is off unless
+imported vLLM, touched CUDA or kept much more memory than it started with is killed instead (a library's own
+process-long helper thread, such as tqdm's monitor, does not count). The pool is off unless
 `HOST_POOL.enable()` is called (tests/conftest.py does), and it only takes hosts of single-node CPU groups whose
 actor options carry nothing but environment variables.
 """
@@ -36,6 +37,9 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 KEPT_RSS_GROWTH_BYTES = 1 << 30
 # How long `release` waits for threads the worker started to end on their own.
 THREAD_GRACE_S = 2.0
+# Threads a library starts once and keeps for the process's life, idle between uses: they do not taint a host.
+# tqdm's monitor wakes every 10 s to check its open bars' refresh rate (none are open between workers).
+PROCESS_LIFETIME_THREADS = ("tqdm_monitor",)
 
 
 def _installed_roots() -> tuple[str, ...]:
@@ -170,7 +174,8 @@ class WorkerHost:
             return "the worker used CUDA"
         deadline = time.monotonic() + THREAD_GRACE_S
         while True:
-            extra = [t.name for t in threading.enumerate() if t.ident not in self._baseline["threads"] and t.is_alive()]
+            extra = [t.name for t in threading.enumerate() if t.ident not in self._baseline["threads"] and t.is_alive()
+                     and t.name not in PROCESS_LIFETIME_THREADS]
             if not extra or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
