@@ -86,6 +86,9 @@ def _main_ppo(tmp_path, *overrides):
 
 
 def test_sigkill_during_save_then_auto_resume(tmp_path):
+    """`python -m verl.trainer.main_ppo` given no model or data (it builds both, then trains and saves every step),
+    killed with its Ray workers in the middle of saving step 3; relaunched, it resumes from step 2 and prints the
+    metrics of steps 3 and 4. This is also the end-to-end test of the CLI itself."""
     ckpt = tmp_path / "ckpt"
     proc = _main_ppo(tmp_path, "trainer.total_training_steps=5")
     deadline = time.time() + 300
@@ -98,6 +101,7 @@ def test_sigkill_during_save_then_auto_resume(tmp_path):
         time.sleep(0.002)
     output = proc.communicate(timeout=60)[0]
     assert killed_in_save, output[-3000:]
+    assert "[quiver] building the tiny demo model" in output and "step:2 - " in output
     assert (ckpt / LATEST_FILE).read_text() == "2"
     assert not (ckpt / "global_step_3").exists()
 
@@ -105,8 +109,9 @@ def test_sigkill_during_save_then_auto_resume(tmp_path):
     output = resumed.communicate(timeout=600)[0]
     assert resumed.returncode == 0, output[-3000:]
     assert f"resuming from {ckpt / 'global_step_2'}" in output
-    steps = [line.split(" ")[0] for line in output.splitlines() if line.startswith("step:")]
-    assert steps == ["step:3", "step:4"]
+    lines = [line for line in output.splitlines() if line.startswith("step:")]
+    assert [line.split(" ")[0] for line in lines] == ["step:3", "step:4"]
+    assert "actor/pg_loss:" in lines[-1] and "critic/score/mean:" in lines[-1]
     assert (ckpt / LATEST_FILE).read_text() == "4"
     assert not [name for name in os.listdir(ckpt) if name.startswith(".tmp")]
 

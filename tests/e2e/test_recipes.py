@@ -4,7 +4,7 @@ Each recipe's bash script runs for real with a stand-in for python that records 
 `python -m verl.trainer.main_ppo` (and runs every other python command, such as the tool-task generator, as they
 are); that command line is then trained in this process, on the test session's Ray, as main_ppo's entry does. A
 separate process per recipe would add a Python start-up and a Ray start and stop to each test (the CLI itself has
-its own end-to-end test: test_grpo_e2e.test_main_ppo_cli_with_tiny_defaults)."""
+its own end-to-end test: test_checkpoint_resume.test_sigkill_during_save_then_auto_resume)."""
 
 from __future__ import annotations
 
