@@ -27,6 +27,64 @@ def test_base_config_is_hydras_composition_of_the_shipped_yaml(name):
     assert OmegaConf.to_container(base_config(name)) == OmegaConf.to_container(composed)
 
 
+def _hydra_compose(name, overrides):
+    """Hydra's own composition of a shipped config with overrides prepared as compose_config prepares them."""
+    from hydra import compose, initialize_config_dir
+
+    from verl.utils.config import _prepared_overrides
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name=name, overrides=_prepared_overrides(base_config(name), overrides))
+
+
+def _verl_keys_with_values():
+    from verl.utils.config import NOT_CARRIED_KEYS, verl_only_keys
+
+    return [f"{key}={_value_for(default)}" for key, default in verl_only_keys().items() if key not in NOT_CARRIED_KEYS]
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("ppo_trainer", ["actor_rollout_ref.rollout.n=8", "data.train_batch_size=32", "trainer.logger=[console,wandb]",
+                     "+actor_rollout_ref.model.override_config.attention_dropout=0.0", "++trainer.new_key=1",
+                     "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4", "~trainer.critic_warmup",
+                     "trainer.experiment_name='a b=c'", "data.val_files=null", "critic.optim.lr=${actor_rollout_ref.actor.optim.lr}",
+                     "+actor_rollout_ref.actor.clip_ratio=0.3", "reward.reward_manager.name=dapo"]),
+    ("ppo_trainer", "verl keys"),
+    ("generation", ["rollout.temperature=0.7", "data.n_samples=4", "+rollout.engine_kwargs.vllm.seed=1"]),
+    ("sft_trainer", ["data.train_batch_size=16", "optim.lr=1e-4"]),
+    ("evaluation", ["data.path=x.parquet"]),
+    ("ppo_trainer", ["hydra.run.dir=/tmp/elsewhere", "data.train_batch_size=4"]),  # Hydra's own key: its compose
+])
+def test_overrides_give_hydras_own_composition(name, overrides):
+    """compose_config applies value overrides to base_config's tree itself (Hydra would read and parse every YAML
+    file again for each load): the result is Hydra's compose of the same overrides, flags included."""
+    from omegaconf import OmegaConf
+
+    from verl.utils.config import apply_renamed_keys, compose_config
+
+    overrides = _verl_keys_with_values() if overrides == "verl keys" else overrides
+    _, ours = compose_config(name, overrides)
+    hydras = _hydra_compose(name, overrides)
+    apply_renamed_keys(hydras)
+    assert OmegaConf.to_container(ours, resolve=False) == OmegaConf.to_container(hydras, resolve=False)
+    assert OmegaConf.is_struct(ours) and OmegaConf.is_struct(hydras) and not OmegaConf.is_readonly(ours)
+
+
+@pytest.mark.parametrize("override", ["data.train_batch_size=[1,", "~data.no_such_key",
+                                      "actor_rollout_ref.rollout.engine_kwargs={vllm: {swap_space: 4}}"])
+def test_an_override_hydra_cannot_apply_is_the_same_error(override):
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from verl.utils.config import compose_config
+
+    with pytest.raises(ConfigError) as ours:
+        compose_config("ppo_trainer", [override])
+    with pytest.raises((HydraException, OmegaConfBaseException)) as hydras:
+        _hydra_compose("ppo_trainer", [override])
+    assert str(hydras.value) in str(ours.value)
+
+
 def test_the_typed_check_leaves_no_trace_between_configs():
     """The typed tree is built once and each check fills a copy: a value one config sets is not another's."""
     load_config(overrides=["actor_rollout_ref.rollout.n=8"])

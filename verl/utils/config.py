@@ -270,17 +270,51 @@ def compose_config(config_name: str = "ppo_trainer", overrides: list[str] | None
     if not shipped:
         register_shipped_configs()
     try:
-        with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
-            base = base_config(config_name) if shipped else compose(config_name=config_name)
-            overrides = [drop_plus_for_existing_key(base, o) for o in overrides]
-            check_override_keys(base, overrides)
-            overrides = [add_verl_only_key(base, o) for o in overrides]
-            cfg = compose(config_name=config_name, overrides=overrides)
+        if shipped:
+            base = base_config(config_name)
+            overrides = _prepared_overrides(base, overrides)
+            cfg = _with_value_overrides(base, overrides, config_dir)
+        if not shipped or cfg is None:
+            with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
+                if not shipped:
+                    base = compose(config_name=config_name)
+                    overrides = _prepared_overrides(base, overrides)
+                cfg = compose(config_name=config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError(f"could not apply the overrides {overrides}: {err}") from err
     check_verl_only_values(cfg)
     apply_renamed_keys(cfg)
     return base, cfg
+
+
+def _prepared_overrides(base: DictConfig, overrides: list[str]) -> list[str]:
+    """The overrides as Hydra gets them: `+` dropped on existing keys, unknown keys refused, verl-only keys added."""
+    overrides = [drop_plus_for_existing_key(base, o) for o in overrides]
+    check_override_keys(base, overrides)
+    return [add_verl_only_key(base, o) for o in overrides]
+
+
+def _with_value_overrides(base: DictConfig, overrides: list[str], config_dir: str) -> DictConfig | None:
+    """`base` (a composed config without overrides) with `overrides` applied as Hydra's compose applies them after
+    composing the defaults list: on a struct copy, by Hydra's own parser and override function. None when one of
+    them is more than a value (a config group, a Hydra or a sweep override): those need Hydra's whole compose.
+
+    This is the same config as `compose(config_name, overrides)` (tests/utils/test_config.py holds them equal) at
+    a fraction of the cost: compose reads and parses every YAML file again, each time, and a run or a test loads
+    the config many times."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    for override in parsed:
+        group = os.path.join(config_dir, *override.key_or_group.split("/"))
+        if (override.is_hydra_override() or override.is_sweep_override() or override.package is not None
+                or os.path.isdir(group)):
+            return None
+    cfg = OmegaConf.create(OmegaConf.to_container(base, resolve=False))
+    OmegaConf.set_struct(cfg, True)
+    ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
+    return cfg
 
 
 # verl 0.9 moved the reward settings under `reward.` and kept the older top-level spellings, which Quiver's tree has:
