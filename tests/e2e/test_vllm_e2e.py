@@ -36,6 +36,9 @@ def check_run(tokenizer, history, before, after, batch, steps):
 
 
 def test_grpo_three_steps_on_vllm(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
+    from verl.single_controller.ray.host import HOST_POOL
+
+    kept, retired = len(HOST_POOL), list(HOST_POOL.retired)
     trainer, history, before, after, batch = fit_trainer(
         tiny_overrides(tiny_model_dir, arithmetic_data_dir, VLLM, f"trainer.default_local_dir={tmp_path}",
                        "trainer.test_freq=3",
@@ -45,6 +48,8 @@ def test_grpo_three_steps_on_vllm(ray_session, tiny_model_dir, arithmetic_data_d
     assert [info["engine"] for info in trainer.rollout_info] == ["VLLMRollout", "VLLMRollout"]
     check_run(trainer.tokenizer, history, before, after, batch, steps=3)
     assert "val-core/arithmetic/reward/mean@1" in history[-1]
+    # The vLLM ranks ran in processes of their own: the test session's kept ones are still there, none was spent.
+    assert (len(HOST_POOL), HOST_POOL.retired) == (kept, retired)
 
 
 def test_grpo_with_vllm_tensor_parallel_across_both_ranks(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):

@@ -179,6 +179,10 @@ def test_errors_name_the_worker_and_keep_their_type(pool):
 
 def test_groups_are_not_pooled_when_the_pool_is_off_or_the_options_need_a_new_process(pool, monkeypatch):
     cls = RayClassWithInitArgs(Probe)
+    assert cls.poolable
+    cls.own_process = True  # as the trainer marks a worker whose rollout engine is vLLM
+    assert not cls.poolable
+    cls = RayClassWithInitArgs(Probe)
     cls.update_options({"max_restarts": 1})
     assert not cls.poolable
     kept = len(pool)

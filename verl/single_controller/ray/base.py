@@ -147,6 +147,9 @@ class RayClassWithInitArgs:
         self.args = args
         self.kwargs = kwargs
         self.options: dict = {}
+        # The worker leaves state in its process that a kept host cannot clear (a vLLM engine's): each rank gets a
+        # new process that ends with the group, even where the driver keeps hosts (HOST_POOL).
+        self.own_process = False
 
     def update_options(self, options: dict) -> None:
         """Extra Ray actor options, e.g. ``{"runtime_env": {...}}``."""
@@ -172,8 +175,9 @@ class RayClassWithInitArgs:
     @property
     def poolable(self) -> bool:
         """Whether a kept host (host.py) can run this class: its options set nothing a running process cannot
-        take on later (environment variables can be; a pip or working_dir runtime_env cannot)."""
-        return set(self.options) <= {"runtime_env"} and set(self.options.get("runtime_env") or {}) <= {"env_vars"}
+        take on later (environment variables can be; a pip or working_dir runtime_env cannot), and it leaves
+        nothing behind that a kept host cannot clear (`own_process`)."""
+        return not self.own_process and set(self.options) <= {"runtime_env"} and set(self.options.get("runtime_env") or {}) <= {"env_vars"}
 
 
 class WorkerGroupFuture:

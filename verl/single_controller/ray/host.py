@@ -17,7 +17,8 @@ external_lib module of the next run is read afresh). A host whose worker left a 
 imported vLLM, touched CUDA or kept much more memory than it started with is killed instead (a library's own
 process-long helper thread, such as tqdm's monitor, does not count). The pool is off unless
 `HOST_POOL.enable()` is called (tests/conftest.py does), and it only takes hosts of single-node CPU groups whose
-actor options carry nothing but environment variables.
+actor options carry nothing but environment variables and whose worker is not marked `own_process` (the trainer marks
+a worker whose rollout engine is vLLM: its ranks start new processes rather than spend kept ones).
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking, dump_generations
 from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from verl.workers.reward_model_worker import RewardModelWorker
+from verl.workers.rollout.base import PROCESS_BOUND_ENGINES
 
 GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -182,6 +183,7 @@ class RayPPOTrainer:
         role = "actor_rollout_ref" if self.use_reference_policy else "actor_rollout"
         worker_cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=role,
                                           seed=cfg.trainer.seed, **common)
+        worker_cls.own_process = plan.rollout_engine in PROCESS_BOUND_ENGINES
         self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, name_prefix="actor_rollout",
                                                device=self.device, sequence_parallel=plan.sequence_parallel)
         self.critic_wg = self.rm_wg = None

@@ -334,6 +334,10 @@ class CudaOnlyEngine:
     install: str  # how to install it
 
 
+# Engines whose state outlives them in their process (vLLM's distributed groups and platform settings, SGLang's and
+# TensorRT-LLM's runtimes): a rank that built one runs in a process of its own, never a kept one (host.py's pool).
+PROCESS_BOUND_ENGINES = frozenset({"vllm", "sglang", "trtllm"})
+
 # Elsewhere their names resolve as auto (announced the same way), so that a verl script naming them runs anywhere.
 CUDA_ONLY_ENGINES = {
     "sglang": CudaOnlyEngine("SGLang", "sglang", "pip install sglang"),
