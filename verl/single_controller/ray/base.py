@@ -177,7 +177,8 @@ class RayClassWithInitArgs:
         """Whether a kept host (host.py) can run this class: its options set nothing a running process cannot
         take on later (environment variables can be; a pip or working_dir runtime_env cannot), and it leaves
         nothing behind that a kept host cannot clear (`own_process`)."""
-        return not self.own_process and set(self.options) <= {"runtime_env"} and set(self.options.get("runtime_env") or {}) <= {"env_vars"}
+        runtime_env = self.options.get("runtime_env") or {}
+        return not self.own_process and set(self.options) <= {"runtime_env"} and set(runtime_env) <= {"env_vars"}
 
 
 class WorkerGroupFuture:
