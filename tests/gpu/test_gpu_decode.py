@@ -78,6 +78,31 @@ def test_static_decode_on_cuda_gives_the_eager_greedy_tokens_and_exact_log_probs
             torch.testing.assert_close(torch.tensor(completion.log_probs), expected_lp, atol=1e-3, rtol=0)
 
 
+@pytest.mark.needs("cuda")
+def test_sampling_at_a_real_vocabulary_compiles_into_a_cuda_graph(figures):
+    """The static step's sampling at the GPU benchmark's shape (128 rows, Qwen2.5's 151,936-token vocabulary), top-p
+    on, compiled as the engine compiles its step: it builds (Inductor's own scan over such a row failed to build on
+    torch 2.11, hence `row_cumsum`) and draws the eager tokens from the same uniform numbers."""
+    import torch
+
+    from verl.workers.rollout.hf_rollout import draw_uniforms, sample_from_probs, top_k_top_p_filter
+
+    def draw(logits, uniform):
+        probs = torch.softmax(top_k_top_p_filter(logits, top_k=-1, top_p=0.95), dim=-1)
+        return sample_from_probs(probs, uniform=uniform)
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    logits = torch.randn(128, 151_936, device="cuda", generator=generator) * 4
+    uniform = draw_uniforms(128, logits.device, generator)
+    compiled = torch.compile(draw, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    start = time.perf_counter()
+    for _ in range(3):  # warm-up, record, replay
+        got = compiled(logits, uniform).clone()
+    figures.update(compile_s=time.perf_counter() - start)
+    expected = draw(logits, uniform)
+    assert (got == expected).float().mean().item() >= 127 / 128  # a rounding tie at the CDF's edge may flip one row
+
+
 class _GraphCounts:
     """CUDA graph captures and calls run without a graph, counted while in use (`with _GraphCounts() as counts:`,
     then `counts.read()`). Captures: every recording or re-recording of a graph by torch's cudagraph trees begins one

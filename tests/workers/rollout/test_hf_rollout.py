@@ -167,6 +167,32 @@ def test_sampling_from_probs_follows_the_distribution_and_never_draws_zero_mass(
     assert sample_from_probs(one_hot, generator).tolist() == [0, 49, 7]
 
 
+def test_sampling_compiles_in_one_graph_to_the_eager_draws():
+    """The static step's sampling under torch.compile (whole graph, Inductor): the top-p cumulative sums and the CDF's
+    inversion go through custom ops that keep ATen's kernels (on CUDA Inductor's own long scan failed to build), and
+    the compiled draws -- top-k / top-p filtering, then inverting the CDF with given uniform numbers -- are the eager
+    ones."""
+    from verl.workers.rollout.hf_rollout import draw_uniforms, sample_from_probs
+
+    def draw(logits, uniform):
+        probs = torch.softmax(top_k_top_p_filter(logits, top_k=50, top_p=0.9), dim=-1)
+        return sample_from_probs(probs, uniform=uniform)
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 1000, generator=generator) * 3
+    uniform = draw_uniforms(8, logits.device, generator)
+    torch._dynamo.reset()
+    compiled = torch.compile(draw, fullgraph=True, dynamic=False)
+    assert compiled(logits, uniform).tolist() == draw(logits, uniform).tolist()
+    graphs = []
+    torch._dynamo.reset()
+    torch.compile(draw, fullgraph=True, dynamic=False, backend=lambda gm, _: graphs.append(gm.code) or gm)(
+        logits, uniform)
+    code = graphs[0]
+    assert "torch.ops.quiver.row_cumsum" in code and "torch.ops.quiver.invert_cdf" in code
+    assert "cumsum(" not in code.replace("row_cumsum(", "") and "searchsorted" not in code
+
+
 def test_top_k_top_p_filter():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     kept = lambda out: torch.isfinite(out)[0].tolist()  # noqa: E731

@@ -80,6 +80,44 @@ def diverged_weights() -> FloatingPointError:
         "actor_rollout_ref.actor.optim.lr or set actor_rollout_ref.actor.grad_clip")
 
 
+# Two steps of sampling that the compiled static step leaves to ATen's kernels (on CUDA CUB's scan and ATen's binary
+# search, which a CUDA graph captures like any other kernel): Inductor's own scan over a row as long as a vocabulary
+# does not build on CUDA (torch 2.11, an H200: the step's cumsum over [128, 151936] failed in its split-scan code
+# generation, InductorError "list indices must be integers or slices, not NoneType"). As custom ops they are opaque to
+# torch.compile; eager code calls the plain ops (a custom op's dispatch costs 40 us a call).
+
+
+def _invert_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    cumulative = probs.cumsum(dim=-1)
+    tokens = torch.searchsorted(cumulative, uniform.to(cumulative.dtype) * cumulative[:, -1:], right=True)
+    return tokens.clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+
+
+@torch.library.custom_op("quiver::invert_cdf", mutates_args=())
+def _invert_cdf_op(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    return _invert_cdf(probs, uniform)
+
+
+@_invert_cdf_op.register_fake
+def _(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    return probs.new_empty(probs.shape[0], dtype=torch.long)
+
+
+@torch.library.custom_op("quiver::row_cumsum", mutates_args=())
+def _row_cumsum_op(values: torch.Tensor) -> torch.Tensor:
+    return values.cumsum(dim=-1)
+
+
+@_row_cumsum_op.register_fake
+def _(values: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(values)
+
+
+def row_cumsum(values: torch.Tensor) -> torch.Tensor:
+    """The cumulative sums along the last dimension (ATen's kernel also when compiled, see above)."""
+    return _row_cumsum_op(values) if torch.compiler.is_compiling() else values.cumsum(dim=-1)
+
+
 def draw_uniforms(rows: int, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
     """The `(rows, 1)` float32 uniform numbers in [0, 1) that `sample_from_probs` inverts, one per row."""
     return torch.rand(rows, 1, generator=generator, device=device, dtype=torch.float32)
@@ -91,11 +129,10 @@ def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = N
     uniform number: u in [0, total), the token is the first whose cumulative mass exceeds u, so a token of zero mass
     (cut by top-k / top-p) is never drawn. The same distribution as `torch.multinomial`, which draws a random number
     per vocabulary entry: 14x faster on the CPU at 32 rows x 768 tokens (0.028 against 0.39 ms). `uniform`: the
-    `(batch, 1)` numbers in [0, 1) drawn beforehand (`draw_uniforms`, for a compiled step), else drawn here."""
-    cumulative = probs.cumsum(dim=-1)
+    `(batch, 1)` numbers in [0, 1) drawn beforehand (`draw_uniforms`, for a compiled step), else drawn here. ATen's
+    kernels also when compiled (see above)."""
     u = draw_uniforms(probs.shape[0], probs.device, generator) if uniform is None else uniform
-    tokens = torch.searchsorted(cumulative, u.to(cumulative.dtype) * cumulative[:, -1:], right=True)
-    return tokens.clamp_(max=probs.shape[-1] - 1).squeeze(-1)
+    return _invert_cdf_op(probs, u) if torch.compiler.is_compiling() else _invert_cdf(probs, u)
 
 
 def top_k_top_p_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -110,7 +147,7 @@ def top_k_top_p_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
         # Drop a token once the tokens ranked above it already hold top_p of the mass (the first is always kept).
-        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop_sorted = (row_cumsum(probs) - probs) >= top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
