@@ -10,10 +10,10 @@
 #   bash .gpu/run.sh bash scripts/gpu_perf.sh                 # on a machine prepared with a wheelhouse (shared/gpu)
 #   GPU_PERF_SECONDS=500 bash scripts/gpu_perf.sh             # the budget (default 540 s; a lent call runs 600 at most)
 #   GPU_PERF_DRY_RUN=1 bash scripts/gpu_perf.sh               # print the commands, run nothing
-# Shares of the decode plan, from the H100 run of 2026-11-28: the decode tests 6% (about 30 s), decode_attention 8%
-# (two hand-captured graphs, seconds), rollout_engines 46% (the model's build; generate first, the baseline, more
-# than 85 s at 3 timed calls, so 2 here; hf about 60 s with the graph's compile), grpo_step the rest (the model's
-# build, Quiver about 110 s with Ray's start and the graph's compile). Give the lent call a timeout_s of 580.
+# Shares of the decode plan, from the H100 and H200 runs of 2026-11-28: the decode tests 18% (on the H200 their
+# compiles outlasted 32 s), decode_attention 6% (two hand-captured graphs, 20 s), rollout_engines 40% (the model's
+# build; generate first, the baseline, 2 timed calls; hf about 60 s with the graph's compile), grpo_step the rest (the
+# model's build, Quiver about 110 s with Ray's start and the graph's compile). Give the lent call a timeout_s of 580.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-$PWD/gpu_perf}"
@@ -24,9 +24,9 @@ left() { echo $((budget - (SECONDS - start))); }
 case "${GPU_PERF_PLAN:-decode}" in
   decode)
     steps=(
-      "decode_test $((budget * 6 / 100)) -m pytest tests/gpu/test_gpu_decode.py -m gpu -v -rs -p no:cacheprovider"
-      "decode_attention $((budget * 8 / 100)) benchmarks/decode_attention.py --device cuda --rows 128"
-      "rollout_engines $((budget * 46 / 100)) benchmarks/rollout_engines.py --preset qwen2.5-0.5b-gpu --engines generate,hf --repeats 2 --out $out/rollout_engines.json"
+      "decode_test $((budget * 18 / 100)) -m pytest tests/gpu/test_gpu_decode.py -m gpu -v -rs -p no:cacheprovider"
+      "decode_attention $((budget * 6 / 100)) benchmarks/decode_attention.py --device cuda --rows 128"
+      "rollout_engines $((budget * 40 / 100)) benchmarks/rollout_engines.py --preset qwen2.5-0.5b-gpu --engines generate,hf --repeats 2 --out $out/rollout_engines.json"
       "grpo_step 0 benchmarks/grpo_step.py --preset qwen2.5-0.5b-gpu --side quiver --out $out/grpo_step.json"
     ) ;;
   1.5b)
