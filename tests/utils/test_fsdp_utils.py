@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from gloo_ranks import leave_group
+from gloo_ranks import leave_group, spawn
 
 from verl.utils.fsdp_utils import FUSED_ADAMW_MIN_TORCH, build_optimizer, count_skipped_steps, move_optimizer_state
 
@@ -21,7 +21,7 @@ def _spawn_ranks(rank_fn, *args, nprocs: int = 1) -> dict:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     results = mp.Manager().dict()
-    mp.spawn(rank_fn, args=(port, *args, results), nprocs=nprocs, join=True)
+    spawn(rank_fn, args=(port, *args, results), nprocs=nprocs)
     return results
 
 

@@ -10,8 +10,7 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from gloo_ranks import leave_group
+from gloo_ranks import fork_server_context, in_environment, leave_group
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.single_controller.base.worker import find_free_port
@@ -258,9 +257,10 @@ def _rank_main(rank: int, port: int, out_dir: str):
 def two_ranks(tmp_path_factory):
     """Each case's results on ranks 0 and 1: {case: [rank0, rank1]}."""
     out_dir = tmp_path_factory.mktemp("ulysses")
-    context = mp.get_context("spawn")
+    context = fork_server_context()
     port = find_free_port()
-    ranks = [context.Process(target=_rank_main, args=(rank, port, str(out_dir))) for rank in range(2)]
+    ranks = [context.Process(target=in_environment, args=(rank, dict(os.environ), _rank_main, port, str(out_dir)))
+             for rank in range(2)]
     for process in ranks:
         process.start()
     for process in ranks:

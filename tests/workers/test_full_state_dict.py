@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from gloo_ranks import leave_group
+from gloo_ranks import leave_group, spawn
 
 
 def _free_port() -> int:
@@ -76,7 +76,7 @@ def _rank(rank: int, world: int, port: int, results, bucket_bytes: int):
 def test_bucketed_gather_equals_the_unsharded_weights(bucket_bytes):
     world = 3
     results = mp.Manager().dict()
-    mp.spawn(_rank, args=(world, _free_port(), results, bucket_bytes), nprocs=world, join=True)
+    spawn(_rank, args=(world, _free_port(), results, bucket_bytes), nprocs=world)
     assert dict(results) == {rank: "ok" for rank in range(world)}
 
 
@@ -122,5 +122,5 @@ def _shared_rank(rank: int, world: int, port: int, results):
 def test_node_shared_engine_runs_every_ranks_work_on_rank_0():
     world = 3
     results = mp.Manager().dict()
-    mp.spawn(_shared_rank, args=(world, _free_port(), results), nprocs=world, join=True)
+    spawn(_shared_rank, args=(world, _free_port(), results), nprocs=world)
     assert dict(results) == {rank: "ok" for rank in range(world)}

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from gloo_ranks import leave_group
+from gloo_ranks import leave_group, spawn
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
@@ -131,7 +131,7 @@ def _ranks(rank: int, port: int, results) -> None:
 @pytest.fixture(scope="module")
 def two_rank_results():
     results = mp.Manager().dict()
-    mp.spawn(_ranks, args=(find_free_port(), results), nprocs=2, join=True)
+    spawn(_ranks, args=(find_free_port(), results), nprocs=2)
     return dict(results)
 
 

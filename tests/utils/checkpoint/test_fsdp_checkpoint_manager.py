@@ -7,7 +7,7 @@ import socket
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from gloo_ranks import leave_group
+from gloo_ranks import leave_group, spawn
 
 
 def _free_port() -> int:
@@ -80,5 +80,5 @@ def _rank(rank: int, world: int, port: int, checkpoint: str, load: bool, results
 def test_a_checkpoint_of_3_ranks_loads_on_2(tmp_path):
     for world, load in ((3, False), (2, True)):
         results = mp.Manager().dict()
-        mp.spawn(_rank, args=(world, _free_port(), str(tmp_path), load, results), nprocs=world, join=True)
+        spawn(_rank, args=(world, _free_port(), str(tmp_path), load, results), nprocs=world)
         assert dict(results) == {rank: "ok" for rank in range(world)}, (world, load)

@@ -7,8 +7,7 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from gloo_ranks import leave_group
+from gloo_ranks import leave_group, spawn
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -362,7 +361,7 @@ def test_token_mean_weighs_every_token_of_every_rank_the_same():
     model = _model()
     reference, _ = _update(model, _batch(model))  # one rank, all 6 rows in one mini-batch
     expected = {name: p.detach() for name, p in reference.named_parameters()}
-    mp.spawn(_token_mean_rank, args=(2, _free_port(), expected), nprocs=2, join=True)
+    spawn(_token_mean_rank, args=(2, _free_port(), expected), nprocs=2)
 
 
 @pytest.mark.parametrize("packed, dynamic", [(False, False), (False, True), (True, False)])

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from gloo_ranks import leave_group
+from gloo_ranks import leave_group, spawn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from verl.protocol import DataProto
@@ -236,6 +236,6 @@ def test_two_ranks_score_as_one(tiny_model_dir, tiny_reward_model_dir):
     batch = make_batch(tokenizer, MIXED)
     expected = make_worker(tiny_reward_model_dir, tiny_model_dir).compute_rm_score(batch).batch["rm_scores"]
     results = mp.Manager().dict()
-    mp.spawn(_rank, args=(_free_port(), tiny_model_dir, tiny_reward_model_dir, results), nprocs=2, join=True)
+    spawn(_rank, args=(_free_port(), tiny_model_dir, tiny_reward_model_dir, results), nprocs=2)
     assert all(isinstance(results[r], torch.Tensor) for r in range(2)), dict(results)
     torch.testing.assert_close(torch.cat([results[0], results[1]]), expected, rtol=1e-5, atol=1e-5)

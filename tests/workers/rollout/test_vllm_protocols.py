@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from gloo_ranks import leave_group
+from gloo_ranks import leave_group, spawn
 
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.vllm_rollout import VLLMRollout, entropy_from_top_log_probs
@@ -123,7 +123,7 @@ def _run_group(fail: bool):
         port = s.getsockname()[1]
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_rank_main, args=(port, fail, results), nprocs=2, join=True)
+        spawn(_rank_main, args=(port, fail, results), nprocs=2)
         return dict(results)
 
 
