@@ -269,12 +269,13 @@ def compose_config(config_name: str = "ppo_trainer", overrides: list[str] | None
     shipped = os.path.realpath(config_dir) == CONFIG_DIR and config_name in SHIPPED_CONFIGS
     if not shipped:
         register_shipped_configs()
+    cfg = None
     try:
         if shipped:
             base = base_config(config_name)
             overrides = _prepared_overrides(base, overrides)
             cfg = _with_value_overrides(base, overrides, config_dir)
-        if not shipped or cfg is None:
+        if cfg is None:  # another folder's config, or an override that needs Hydra's whole compose
             with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
                 if not shipped:
                     base = compose(config_name=config_name)
