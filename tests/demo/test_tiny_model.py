@@ -102,6 +102,52 @@ def test_chat_template(tokenizer):
     )
 
 
+GSM8K_TOOL = {"type": "function", "function": {
+    "name": "calc_gsm8k_reward", "description": "A tool for calculating the reward of gsm8k",
+    "parameters": {"type": "object", "properties": {"answer": {"type": "string", "description": "The answer"}},
+                   "required": ["answer"]}}}
+
+
+def test_chat_template_renders_tools_as_qwen2_5_instruct(tokenizer):
+    """The schemas in the system turn, calls as <tool_call> blocks, tool results in one user turn of
+    <tool_response> blocks: Qwen2.5-Instruct's rendering, written out by hand here."""
+    prompt = tokenizer.apply_chat_template(MESSAGES, tools=[GSM8K_TOOL], add_generation_prompt=True, tokenize=False)
+    assert prompt == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\n"
+        "You may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        '{"type": "function", "function": {"name": "calc_gsm8k_reward", "description": "A tool for calculating the '
+        'reward of gsm8k", "parameters": {"type": "object", "properties": {"answer": {"type": "string", '
+        '"description": "The answer"}}, "required": ["answer"]}}}\n</tools>\n\n'
+        "For each function call, return a json object with function name and arguments within <tool_call></tool_call>"
+        ' XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\nWhat is 17 + 5? Put the final answer after ####.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    with_system = tokenizer.apply_chat_template([{"role": "system", "content": "Be brief."}, *MESSAGES],
+                                                tools=[GSM8K_TOOL], add_generation_prompt=True, tokenize=False)
+    assert with_system.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n\n")
+    assert with_system.count("<|im_start|>system") == 1
+    conversation = [
+        *MESSAGES,
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"type": "function", "function": {"name": "calc_gsm8k_reward", "arguments": {"answer": "22"}}},
+            {"type": "function", "function": {"name": "calc_gsm8k_reward", "arguments": '{"answer": "23"}'}}]},
+        {"role": "tool", "content": "reward=1.0"},
+        {"role": "tool", "content": "reward=0.0"},
+        {"role": "assistant", "content": "#### 22"},
+    ]
+    text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    assert text == (
+        "<|im_start|>user\nWhat is 17 + 5? Put the final answer after ####.<|im_end|>\n"
+        "<|im_start|>assistant\nLet me check.\n"
+        '<tool_call>\n{"name": "calc_gsm8k_reward", "arguments": {"answer": "22"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "calc_gsm8k_reward", "arguments": {"answer": "23"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\nreward=1.0\n</tool_response>\n<tool_response>\nreward=0.0\n"
+        "</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n#### 22<|im_end|>\n"
+    )
+
+
 def test_generation_runs(tiny_model_dir, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)

@@ -3,7 +3,8 @@ r"""Build a tiny Qwen2 chat model and its tokenizer from nothing, so tests and d
 The tokenizer is a byte-level BPE trained in-process on the arithmetic demo task and a little English and maths
 text. Its pipeline is Qwen2's (NFC, Qwen's split regex with one token per digit, byte-level), so transformers'
 `Qwen2Tokenizer`, which `AutoTokenizer` picks for a qwen2 checkpoint and which rebuilds that pipeline from the
-vocabulary and merges, tokenizes exactly like the trained tokenizer. It speaks ChatML like Qwen::
+vocabulary and merges, tokenizes exactly like the trained tokenizer. It speaks ChatML like Qwen, and renders
+tools, tool calls and tool results as Qwen2.5-Instruct does (CHAT_TEMPLATE)::
 
     <|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n
 
@@ -38,14 +39,58 @@ TOKENIZER_VOCAB_SIZE = 768
 # Qwen2's pre-tokenizer split: contractions, words, single digits, punctuation runs, newlines, spaces.
 QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
-# ChatML as Qwen writes it, without a default system message (prompts stay short for a tiny model).
+# ChatML as Qwen2.5-Instruct writes it, tools included: with `tools`, the system turn lists their JSON schemas and
+# tells the model to answer with <tool_call> blocks; an assistant message's `tool_calls` are written as such blocks;
+# consecutive `tool` messages share one user turn of <tool_response> blocks. Without tools there is no default system
+# message (Qwen adds one), so that prompts stay short for a tiny model.
+QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+TOOLS_PREAMBLE = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_INSTRUCTION = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call>"
+)
+
+
+def _literal(text: str) -> str:
+    """`text` as a Jinja string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+
+
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- endif %}"
+    "{%- set has_system = messages and messages[0]['role'] == 'system' -%}"
+    "{%- set turns = messages[1:] if has_system else messages -%}"
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' + (messages[0]['content'] if has_system else " + _literal(QWEN_DEFAULT_SYSTEM) + ") -}}"
+    "{{- " + _literal(TOOLS_PREAMBLE) + " -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{{- " + _literal(TOOLS_INSTRUCTION + "<|im_end|>\n") + " -}}"
+    "{%- elif has_system -%}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in turns -%}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' -}}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') -%}"
+    "{{- '<|im_start|>assistant' + ('\\n' + message['content'] if message['content'] else '') -}}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- set function = call['function'] if call['function'] is defined else call -%}"
+    "{%- set arguments = function['arguments'] if function['arguments'] is string "
+    "else function['arguments'] | tojson -%}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + function['name'] + '\", \"arguments\": ' + arguments "
+    "+ '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
 _GENERIC_TEXT = """\

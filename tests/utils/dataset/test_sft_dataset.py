@@ -47,7 +47,8 @@ def _write(path, rows: list[dict]) -> str:
 
 
 def _expected(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """Token ids and loss mask of a ChatML conversation, assembled one labelled segment at a time."""
+    """Token ids and loss mask of a ChatML conversation, assembled one labelled segment at a time (a tool message
+    as Qwen2.5 writes it: a user turn of one <tool_response> block)."""
     ids, mask = [], []
 
     def add(text: str, learn: bool):
@@ -57,6 +58,9 @@ def _expected(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
 
     for message in messages:
         is_assistant = message["role"] == "assistant"
+        if message["role"] == "tool":
+            add(f"{IM_START}user\n<tool_response>\n{message['content']}\n</tool_response>{IM_END}\n", False)
+            continue
         add(f"{IM_START}{message['role']}\n", False)
         add(message["content"], is_assistant)
         add(IM_END, is_assistant)
