@@ -108,11 +108,12 @@ def test_dump_generations_writes_one_line_per_sample(tmp_path):
         reward_extra_infos={"acc": [np.bool_(True), np.bool_(False)], "score": [9, 9]},
         step=12,
         dump_path=tmp_path / "rollouts",
+        gts=["2", np.str_("4")],
     )
     assert path == str(tmp_path / "rollouts" / "12.jsonl")
-    assert _lines(tmp_path / "rollouts" / "12.jsonl") == [
-        {"input": "1+1=", "output": "2", "score": 1.0, "step": 12, "acc": True},
-        {"input": "2+2=", "output": "5", "score": 0.0, "step": 12, "acc": False},
+    assert _lines(tmp_path / "rollouts" / "12.jsonl") == [  # verl's fields
+        {"input": "1+1=", "output": "2", "gts": "2", "score": 1.0, "step": 12, "acc": True},
+        {"input": "2+2=", "output": "5", "gts": "4", "score": 0.0, "step": 12, "acc": False},
     ]
 
 

@@ -221,12 +221,14 @@ def dump_generations(
     reward_extra_infos: dict[str, list] | None,
     step: int,
     dump_path: str | os.PathLike,
+    gts: list | None = None,
 ) -> str:
-    """Write `<dump_path>/<step>.jsonl`: one line per sample with `input`, `output`, `score`, `step` and each
-    `reward_extra_infos[key][i]`. Returns the file's path."""
+    """Write `<dump_path>/<step>.jsonl`: one line per sample with `input`, `output`, `gts` (the ground truth, when
+    given), `score`, `step` and each `reward_extra_infos[key][i]` (verl's fields). Returns the file's path."""
     extras = reward_extra_infos or {}
     n = len(inputs)
-    lengths = {"outputs": len(outputs), "scores": len(scores), **{key: len(values) for key, values in extras.items()}}
+    lengths = {"outputs": len(outputs), "scores": len(scores), **({"gts": len(gts)} if gts is not None else {}),
+               **{key: len(values) for key, values in extras.items()}}
     wrong = {key: length for key, length in lengths.items() if length != n}
     if wrong:
         raise ValueError(f"dump_generations: {n} inputs but these have other lengths: {wrong}")
@@ -234,7 +236,8 @@ def dump_generations(
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for i in range(n):
-            row = {"input": inputs[i], "output": outputs[i], "score": _to_plain(scores[i]), "step": step}
+            row = {"input": inputs[i], "output": outputs[i], **({"gts": _to_plain(gts[i])} if gts is not None else {}),
+                   "score": _to_plain(scores[i]), "step": step}
             # An extra info named like a fixed key (verl scorers often return "score") does not replace it.
             row.update({key: _to_plain(values[i]) for key, values in extras.items() if key not in row})
             f.write(_to_json(row) + "\n")

@@ -1,7 +1,9 @@
 """How the workers' per-rank metric lists become one value per step (verl/trainer/ppo/metric_utils.py)."""
 
+import torch
+
 from verl.protocol import DataProto
-from verl.trainer.ppo.metric_utils import reduce_metrics
+from verl.trainer.ppo.metric_utils import compute_data_metrics, reduce_metrics
 from verl.trainer.ppo.ray_trainer import _with_metrics
 
 
@@ -16,3 +18,33 @@ def test_a_worker_pass_hands_its_metrics_to_the_step_and_not_to_the_batch():
     metrics = {}
     assert _with_metrics(output, metrics).meta_info == {"temperature": 1.0}
     assert metrics == {"memory/max_allocated_gib/ref": 2.0}
+
+
+def test_a_maximum_over_ranks_is_the_largest_and_a_minimum_the_smallest():
+    # Two ranks' agent loops: the longest trajectory had 9 turns on one and 8 on the other (it logged 8.5).
+    reduced = reduce_metrics({"agent/num_turns_max": [9.0, 8.0], "agent/num_turns_mean": [5.0, 4.0],
+                              "x/min": [2.0, 1.0]})
+    assert reduced == {"agent/num_turns_max": 9.0, "agent/num_turns_mean": 4.5, "x/min": 1.0}
+
+
+def _tool_batch():
+    """Two trajectories of a 6-token response window: the first cut at the limit (3 sampled, 2 tool, 1 sampled
+    tokens), the second 2 sampled tokens long."""
+    attended = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]])
+    response_mask = torch.tensor([[1, 1, 1, 0, 0, 1], [1, 1, 0, 0, 0, 0]])
+    prompt_mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    zeros = torch.zeros(2, 6)
+    return DataProto.from_dict(
+        tensors={"prompts": torch.zeros(2, 3, dtype=torch.long), "responses": torch.zeros(2, 6, dtype=torch.long),
+                 "attention_mask": torch.cat([prompt_mask, attended], 1), "response_mask": response_mask,
+                 "token_level_scores": zeros, "token_level_rewards": zeros, "advantages": zeros},
+        non_tensors={"tool_calls": [1, 0], "num_turns": [4, 2]})
+
+
+def test_response_length_counts_the_whole_response_as_verl_does():
+    metrics = compute_data_metrics(_tool_batch())
+    assert metrics["response_length/mean"] == 4.0 and metrics["response_length/max"] == 6.0
+    assert metrics["response_length/clip_ratio"] == 0.5  # the first trajectory was cut at the limit
+    assert (metrics["response_length_sampled/mean"], metrics["response_length_sampled/max"]) == (3.0, 4.0)
+    assert (metrics["num_turns/min"], metrics["num_turns/max"], metrics["num_turns/mean"]) == (2.0, 4.0, 3.0)
+    assert (metrics["prompt_length/mean"], metrics["prompt_length/min"]) == (2.5, 2.0)

@@ -11,11 +11,18 @@ from verl.protocol import DataProto
 from verl.utils.torch_functional import masked_mean
 
 
+def _reduction(key: str):
+    """How the per-rank values of one metric combine: a peak memory figure (`memory/...`) or a maximum (`..._max`,
+    `.../max`) by the largest, a minimum by the smallest, anything else by the mean."""
+    if key.startswith("memory/") or key.endswith(("_max", "/max")):
+        return np.max
+    return np.min if key.endswith(("_min", "/min")) else np.mean
+
+
 def reduce_metrics(metrics: dict[str, Iterable[float]]) -> dict[str, float]:
-    """Mean of each list of values (workers return one value per micro-batch and rank); a peak memory figure
-    (`memory/...`, one per rank from the device door) is the largest."""
-    return {key: float(np.max(values) if key.startswith("memory/") else np.mean(values))
-            for key, values in ((k, list(v)) for k, v in metrics.items()) if len(values)}
+    """Each list of values (workers return one value per micro-batch and rank) as one number (`_reduction`)."""
+    return {key: float(_reduction(key)(values)) for key, values in ((k, list(v)) for k, v in metrics.items())
+            if len(values)}
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -32,9 +39,10 @@ def compute_data_metrics(batch: DataProto) -> dict[str, float]:
     rule scorers); when the scorer returns an `acc` field, that is used instead.
     """
     response_mask = batch.batch["response_mask"].bool()
-    prompt_length = batch.batch["attention_mask"][:, : batch.batch["prompts"].shape[-1]].sum(-1).float()
-    response_length = response_mask.sum(-1).float()
     max_response_length = batch.batch["responses"].shape[-1]
+    prompt_length = batch.batch["attention_mask"][:, :-max_response_length].sum(-1).float()
+    # verl's response length: every token of the response, tool results included (what the length limit cuts).
+    response_length = batch.batch["attention_mask"][:, -max_response_length:].sum(-1).float()
     scores = batch.batch["token_level_scores"].sum(-1)
     rewards = batch.batch["token_level_rewards"].sum(-1)
     valid_adv = batch.batch["advantages"][response_mask]
@@ -52,6 +60,10 @@ def compute_data_metrics(batch: DataProto) -> dict[str, float]:
         metrics["critic/accuracy"] = (scores >= 1.0).float().mean().item()
     metrics.update(_stats("response_length", response_length))
     metrics["response_length/clip_ratio"] = (response_length >= max_response_length).float().mean().item()
+    if "tool_calls" in batch.non_tensor_batch:  # an agent loop: the tokens the model sampled, without tool results
+        metrics.update(_stats("response_length_sampled", response_mask.sum(-1)))
+    if "num_turns" in batch.non_tensor_batch:  # verl's names: user, assistant and tool turns per trajectory
+        metrics.update(_stats("num_turns", torch.tensor(batch.non_tensor_batch["num_turns"].astype(float))))
     metrics.update(_stats("prompt_length", prompt_length))
     if "entropys" in batch.batch:
         metrics["actor/entropy"] = masked_mean(batch.batch["entropys"], response_mask).item()

@@ -274,17 +274,23 @@ class RayPPOTrainer:
         metrics["perf/rank_token_imbalance"] = float(per_rank.max() / max(per_rank.mean(), 1))
 
     def _decode(self, batch: DataProto) -> tuple[list[str], list[str]]:
-        """Prompt and response texts of a generated batch (for dumps and printed samples)."""
+        """Prompt and response texts of a generated batch (for dumps and printed samples): the whole response the
+        model saw, tool results included, as verl dumps it."""
         prompts = self.tokenizer.batch_decode(batch.batch["prompts"], skip_special_tokens=True)
+        attended = batch.batch["attention_mask"][:, -batch.batch["responses"].shape[1]:]
         responses = [self.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
-                     for ids, mask in zip(batch.batch["responses"], batch.batch["response_mask"])]
+                     for ids, mask in zip(batch.batch["responses"], attended)]
         return prompts, responses
 
     def _dump(self, directory: str | None, batch: DataProto, scores: list[float], extra_info: dict) -> None:
-        """Write this step's prompts, responses and scores as JSONL (`trainer.rollout_data_dir` and friends)."""
+        """Write this step's prompts, responses, ground truths and scores as JSONL (`trainer.rollout_data_dir` and
+        friends)."""
         if directory:
             prompts, responses = self._decode(batch)
-            dump_generations(prompts, responses, scores, extra_info, self.global_steps, os.path.expanduser(directory))
+            gts = [(row or {}).get("ground_truth") for row in batch.non_tensor_batch.get(
+                "reward_model", [None] * len(batch))]
+            dump_generations(prompts, responses, scores, extra_info, self.global_steps, os.path.expanduser(directory),
+                             gts=gts)
 
     def _validate(self) -> dict[str, float]:
         """Generate on the validation set with `rollout.val_kwargs` and report the mean score per data source."""
