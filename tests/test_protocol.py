@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from verl.protocol import DataProto, DataProtoItem, pad_dataproto_to_divisor, unpad_dataproto
+from verl.protocol import LEFT_PAD, DataProto, DataProtoItem, pad_dataproto_to_divisor, unpad_dataproto
 
 
 def make_data(n: int = 4) -> DataProto:
@@ -294,6 +294,32 @@ def test_concat_rejects_mismatched_keys():
         DataProto.concat([make_data(2), make_data(2).select(non_tensor_batch_keys=["uid"])])
     with pytest.raises(ValueError, match="at least one"):
         DataProto.concat([])
+
+
+def _prompts(rows: list[list[int]], pad: int = 0) -> DataProto:
+    """Left-padded prompt rows with a 2-token response window, as a rollout batch lays them out."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r + [7, 8] for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * (len(r) + 2) for r in rows])
+    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "responses": ids[:, -2:]},
+                               meta_info={LEFT_PAD: {"input_ids": pad, "attention_mask": 0}})
+
+
+def test_concat_left_pads_the_widths_meta_info_left_pad_names():
+    """Two ranks' rollouts whose prompts were padded to their own longest (3 and 5 tokens) become one batch."""
+    out = DataProto.concat([_prompts([[1, 2], [3, 4, 5]], pad=9), _prompts([[1, 2, 3, 4, 5]], pad=9)])
+    assert out.batch["input_ids"].tolist() == [[9, 9, 9, 1, 2, 7, 8], [9, 9, 3, 4, 5, 7, 8], [1, 2, 3, 4, 5, 7, 8]]
+    assert out.batch["attention_mask"].tolist() == [[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1], [1] * 7]
+    assert out.batch["responses"].tolist() == [[7, 8]] * 3
+    assert DataProto.concat([out, out]).batch["input_ids"].shape == (6, 7)  # the pads travel on
+
+
+def test_concat_names_the_tensor_whose_width_differs():
+    a, b = make_data(2), make_data(1)
+    b.batch = TensorDict({"obs": torch.zeros(1, 3, dtype=torch.long), "act": torch.zeros(1, dtype=torch.long)},
+                         batch_size=[1])
+    with pytest.raises(ValueError, match=r"tensor 'obs' is \(3,\) per row in part 1 but \(2,\) in part 0"):
+        DataProto.concat([a, b])
 
 
 def test_concat_non_tensor_only():

@@ -22,7 +22,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-__all__ = ["DataProto", "DataProtoItem", "pad_dataproto_to_divisor", "unpad_dataproto"]
+__all__ = ["DataProto", "DataProtoItem", "LEFT_PAD", "pad_dataproto_to_divisor", "unpad_dataproto"]
+
+# meta_info key: {tensor key: pad value} of the tensors whose width (dim 1) may differ between batches made apart (a
+# rollout batch's prompt side: each rank pads its prompts to its own longest); `concat` left-pads them to the widest.
+LEFT_PAD = "left_pad"
 
 
 def _to_row_array(key: str, value: Any) -> np.ndarray:
@@ -85,6 +89,24 @@ def _index_array(idxs: Any, n: int) -> np.ndarray:
 def _has_rows(data: DataProto) -> bool:
     """False for a DataProto that holds only meta_info (its length 0 says nothing)."""
     return data.batch is not None or bool(data.non_tensor_batch)
+
+
+def _same_widths(data: Sequence[DataProto]) -> list[TensorDict]:
+    """The parts' tensors, with those of `meta_info[LEFT_PAD]` left-padded to the widest part (see `concat`)."""
+    pads = data[0].meta_info.get(LEFT_PAD) or {}
+    batches = [part.batch for part in data]
+    for key in data[0].batch.keys():
+        shapes = [tuple(b[key].shape[1:]) for b in batches]
+        if len(set(shapes)) == 1:
+            continue
+        i = next(i for i, shape in enumerate(shapes) if shape != shapes[0])
+        if key not in pads or any(len(shape) != len(shapes[0]) or shape[1:] != shapes[0][1:] for shape in shapes):
+            raise ValueError(f"cannot concat: tensor {key!r} is {shapes[i]} per row in part {i} but {shapes[0]} in "
+                             "part 0, and only a width listed in meta_info[LEFT_PAD] may differ")
+        width = max(shape[0] for shape in shapes)
+        batches = [b if b[key].shape[1] == width else b.clone(recurse=False).set(key, torch.nn.functional.pad(
+            b[key], (0, 0) * (b[key].dim() - 2) + (width - b[key].shape[1], 0), value=pads[key])) for b in batches]
+    return batches
 
 
 @dataclass
@@ -317,6 +339,8 @@ class DataProto:
 
         `meta_info` is merged: for an ordinary key the first part's value is kept; a `metrics` entry that is a dict
         of lists (one per part, e.g. from each worker) becomes one dict whose lists are concatenated in order.
+        Tensors must agree in every dimension but the first, except those the first part's `meta_info[LEFT_PAD]`
+        names: those are left-padded to the widest part with their pad value.
         """
         if not data:
             raise ValueError("DataProto.concat needs at least one DataProto")
@@ -335,7 +359,7 @@ class DataProto:
                     f"differ from part 0 {sorted(first.non_tensor_batch)}"
                 )
 
-        batch = None if first.batch is None else torch.cat([part.batch for part in data], dim=0)
+        batch = None if first.batch is None else torch.cat(_same_widths(data), dim=0)
         non_tensor = {k: np.concatenate([part.non_tensor_batch[k] for part in data]) for k in first.non_tensor_batch}
 
         meta: dict[str, Any] = {}

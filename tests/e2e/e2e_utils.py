@@ -52,10 +52,11 @@ def build_trainer(overrides, model_dir, reward_server=None):
     return trainer
 
 
-def prime_model(model_dir, out_dir, conversations, steps=150, lr=3e-3, seed=0):
+def prime_model(model_dir, out_dir, conversations, steps=150, lr=3e-3, seed=0, tools=None):
     """A copy of the model at `model_dir` fitted for a few steps to `conversations` ([(prompt text or chat messages,
-    response)], chat templated, loss on every token): a seconds-long cold start that makes the tiny model follow a format (call a
-    tool, answer in tags) so that tool rounds and branching happen in the end-to-end runs. Saved to `out_dir`."""
+    response)], chat templated, with `tools`' schemas where given, loss on every token): a seconds-long cold start
+    that makes the tiny model follow a format (call a tool, answer in tags) so that tool rounds and branching happen
+    in the end-to-end runs. Saved to `out_dir`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -63,7 +64,8 @@ def prime_model(model_dir, out_dir, conversations, steps=150, lr=3e-3, seed=0):
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="right")
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}] if isinstance(p, str) else list(p),
-                                           tokenize=False, add_generation_prompt=True) + r + tokenizer.eos_token
+                                           tools=tools, tokenize=False, add_generation_prompt=True)
+             + r + tokenizer.eos_token
              for p, r in conversations]
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)

@@ -127,3 +127,79 @@ GSPO_VERL_0_9 = [
     "trainer.nnodes=1", "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.total_epochs={TOTAL_EPOCHS}",
     "trainer.default_local_dir={CKPTS_DIR}",
 ]
+
+# verl's GSM8K multi-turn tool example (examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh with its config
+# gsm8k_multiturn_grpo.yaml and tool YAML gsm8k_tool_config.yaml; data from gsm8k_tool_agent_loop.py). The mode is
+# left to verl 0.9's default.
+GSM8K_MULTITURN = [
+    "--config-path={CONFIG_PATH}", "--config-name=gsm8k_multiturn_grpo",
+    "algorithm.adv_estimator=grpo", "data.train_batch_size={TRAIN_BATCH_SIZE}",
+    "data.max_prompt_length={MAX_PROMPT_LENGTH}", "data.max_response_length={MAX_RESPONSE_LENGTH}",
+    "data.filter_overlong_prompts=True", "data.truncation='error'", "data.return_raw_chat=True",
+    "actor_rollout_ref.model.path={MODEL_PATH}", "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.ppo_mini_batch_size={MINI_BATCH_SIZE}",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}", "actor_rollout_ref.actor.use_kl_loss=True",
+    "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False", "global_profiler.tool=torch_memory",
+    "global_profiler.save_path=./mem_snapshots",
+    "global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries=100000",
+    "global_profiler.global_tool_config.torch_memory.stack_depth=32",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size={TP}", "actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.85", "actor_rollout_ref.rollout.multi_stage_wake_up=True",
+    "actor_rollout_ref.rollout.n={N}", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH_SIZE}",
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True", "actor_rollout_ref.rollout.over_sample_rate=0.1",
+    "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.logger=['console','wandb']",
+    "trainer.project_name='multi-turn-grpo-qwen2.5-3b-sglang'", "trainer.experiment_name={EXPERIMENT_NAME}",
+    "trainer.n_gpus_per_node={N_GPUS}", "trainer.nnodes=1", "trainer.save_freq=-1", "trainer.test_freq=20",
+    "trainer.val_before_train=True", "data.train_files={TRAIN_FILE}", "data.val_files={TEST_FILE}",
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOL_CONFIG}", "trainer.total_epochs={TOTAL_EPOCHS}",
+]
+
+# Its Hydra config (examples/sglang_multiturn/config/gsm8k_multiturn_grpo.yaml): verl's ppo_trainer found through a
+# search path relative to verl's checkout.
+GSM8K_MULTITURN_CONFIG = """\
+hydra:
+  searchpath:
+    - file://verl/trainer/config
+
+defaults:
+  - ppo_trainer
+  - _self_
+
+data:
+  max_prompt_length: 1024
+  max_response_length: 1024
+  train_batch_size: 256
+  return_raw_chat: True
+
+actor_rollout_ref:
+  hybrid_engine: True
+  rollout:
+    name: sglang
+    multi_turn:
+      enable: True
+      max_assistant_turns: 5
+"""
+
+# Its tool YAML (the descriptions reworded): verl's GSM8K tool, by verl's class path.
+GSM8K_TOOL_CONFIG = """\
+tools:
+  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
+    config:
+      type: native
+    tool_schema:
+      type: "function"
+      function:
+        name: "calc_gsm8k_reward"
+        description: "Scores a GSM8K answer: 1.0 when it is right, else 0.0"
+        parameters:
+          type: "object"
+          properties:
+            answer:
+              type: "string"
+              description: "The answer, digits only"
+          required: ["answer"]
+"""

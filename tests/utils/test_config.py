@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -6,6 +7,8 @@ from verl.trainer.config import load_config
 from verl.trainer.main_ppo import main
 from verl.trainer.ppo.config_rules import validate_ppo_config
 from verl.utils.config import CONFIG_DIR, SHIPPED_CONFIGS, ConfigError, base_config, check_override_keys, parse_cli
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_defaults_load_and_validate():
@@ -458,6 +461,40 @@ def test_verl_async_mode_runs_verls_agent_loops_and_plans_the_old_log_probs():
     assert plan.async_agent and not plan.agent_loop and plan.old_log_prob_source == "rollout"
     cfg = load_config(overrides=[*base, "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"])
     assert plan_run(cfg, "cpu", actor_parameters=1000).old_log_prob_source == "recompute"
+
+
+def test_verls_multi_turn_example_runs_verls_agent_loops_without_naming_the_mode():
+    """verl's GSM8K multi-turn config sets multi_turn.enable and a tool YAML and leaves the mode to verl 0.9's default
+    (async): its tools are called by verl's agent loops, not by the seeds' loop (which would call none of them)."""
+    from verl.workers.rollout.base import uses_agent_loop, uses_async_agent
+
+    tools = f"actor_rollout_ref.rollout.multi_turn.tool_config_path={CONFIGS / 'tools' / 'gsm8k_tool.yaml'}"
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.multi_turn.enable=true", tools])
+    validate_ppo_config(cfg)
+    assert uses_async_agent(cfg.actor_rollout_ref.rollout) and not uses_agent_loop(cfg.actor_rollout_ref.rollout)
+    cfg = load_config(overrides=["actor_rollout_ref.rollout.multi_turn.enable=true"])  # the seeds' keys: their loop
+    assert uses_agent_loop(cfg.actor_rollout_ref.rollout) and not uses_async_agent(cfg.actor_rollout_ref.rollout)
+    with pytest.raises(ConfigError, match="verl-style tools are called by verl's agent loops .* not by "
+                                          ".*mode=sync_with_tool, the seeds' loop"):
+        validate_ppo_config(load_config(overrides=["actor_rollout_ref.rollout.mode=sync_with_tool", tools]))
+
+
+def test_a_verl_example_config_starts_from_ppo_trainer_in_any_working_directory(tmp_path, monkeypatch):
+    """verl's example configs say `defaults: [ppo_trainer, _self_]` and find it through `hydra.searchpath:
+    [file://verl/trainer/config]`, relative to verl's checkout: Quiver's folder is searched after theirs, quietly."""
+    import warnings
+
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "my_example.yaml").write_text(
+        "hydra:\n  searchpath:\n    - file://verl/trainer/config\n\ndefaults:\n  - ppo_trainer\n  - _self_\n\n"
+        "data:\n  max_prompt_length: 1024\n  return_raw_chat: True\n")
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = load_config(config_dir=str(tmp_path / "config"), config_name="my_example",
+                          overrides=["data.max_response_length=64"])
+    assert (cfg.data.max_prompt_length, cfg.data.return_raw_chat, cfg.data.max_response_length) == (1024, True, 64)
+    assert cfg.actor_rollout_ref.rollout.n == load_config().actor_rollout_ref.rollout.n  # the rest is ppo_trainer's
 
 
 def test_async_mode_names_what_it_cannot_do_and_what_is_missing(tmp_path):

@@ -27,7 +27,13 @@ from verl.utils.memory_estimate import MemoryEstimate, check_ppo_memory, ppo_mod
 from verl.utils.model_server import serve_reward_model, served_reward_engine
 from verl.utils.preflight import check_ppo_inputs, load_tokenizer
 from verl.utils.run_dir import check_fresh_start, clear_run_outputs, own_run_dir
-from verl.workers.rollout.async_agent import check_agent_setup
+from verl.workers.rollout.async_agent import (
+    check_agent_setup,
+    load_agent_tools,
+    prompt_tool_schemas,
+    unused_tools_warning,
+)
+from verl.workers.rollout.base import uses_async_agent
 from verl.workers.tools.manager import check_tools
 
 
@@ -175,8 +181,15 @@ def train_ppo(config: DictConfig, plan: RunPlan, estimate: MemoryEstimate | None
     model_cfg = config.actor_rollout_ref.model
     tokenizer_key = "actor_rollout_ref.model." + ("tokenizer_path" if model_cfg.tokenizer_path else "path")
     tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, tokenizer_key, model_cfg.trust_remote_code)
-    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data)
-    val_dataset = RLHFDataset(config.data.val_files, tokenizer, config.data) if config.data.val_files else None
+    rollout = config.actor_rollout_ref.rollout
+    tools = load_agent_tools(rollout) if uses_async_agent(rollout) else {}
+    schemas = prompt_tool_schemas(rollout, config.data, tools)  # the prompt-length check counts what the loop renders
+    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data, tool_schemas=schemas)
+    val_dataset = (RLHFDataset(config.data.val_files, tokenizer, config.data, tool_schemas=schemas)
+                   if config.data.val_files else None)
+    unused = unused_tools_warning(rollout, tools, [row.get("agent_name") for row in train_dataset.rows])
+    if unused:
+        print(f"[agent] warning: {unused}")
     with contextlib.ExitStack() as stack:
         # A generative reward model (reward_model.rollout.name) is served for the whole run; the reward function
         # reaches it at reward_router_address.

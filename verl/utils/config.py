@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ VERL_KEY_REASONS: tuple[tuple[str, str], ...] = (
     ("use_inference_chat_template", "the chat template of the tokenizer renders every turn"),
     ("custom_async_server", "the agent loop's server is Quiver's batching front of the rollout engine"),
     ("interaction", "multi-turn interactions (a simulated user turn) are not built"),
+    ("rollout.trace.", "rollout tracing (weave, mlflow) is not built in Quiver; @rollout_trace_op calls run untraced"),
 )
 
 
@@ -243,14 +245,25 @@ SHIPPED_CONFIGS = ("ppo_trainer", "generation", "sft_trainer", "evaluation")
 
 @functools.cache
 def register_shipped_configs() -> None:
-    """Make each shipped config available to any config folder's defaults list as `quiver_<name>` (Hydra's config
+    """Make each shipped config available to any config folder's defaults list: as `quiver_<name>` (Hydra's config
     store), so that a seed project's `configs/ppo_trainer.yaml` can start from Quiver's `ppo_trainer.yaml` although
-    it has the same name: `defaults: [quiver_ppo_trainer, _self_]`."""
+    it has the same name (`defaults: [quiver_ppo_trainer, _self_]`); and as `<name>` from Quiver's config folder,
+    searched after every other folder, so that a verl example's config (`defaults: [ppo_trainer, _self_]`, its
+    `hydra.searchpath` naming verl's folder relative to verl's checkout) composes from any working directory."""
+    from hydra.core.config_search_path import ConfigSearchPath
     from hydra.core.config_store import ConfigStore
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.search_path_plugin import SearchPathPlugin
 
     store = ConfigStore.instance()
     for name in SHIPPED_CONFIGS:
         store.store(name=f"quiver_{name}", node=OmegaConf.to_container(base_config(name), resolve=False))
+
+    class QuiverConfigFolder(SearchPathPlugin):
+        def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+            search_path.append(provider="quiver", path=f"file://{CONFIG_DIR}")
+
+    Plugins.instance().register(QuiverConfigFolder)
 
 
 def compose_config(config_name: str = "ppo_trainer", overrides: list[str] | None = None,
@@ -276,7 +289,11 @@ def compose_config(config_name: str = "ppo_trainer", overrides: list[str] | None
             overrides = _prepared_overrides(base, overrides)
             cfg = _with_value_overrides(base, overrides, config_dir)
         if cfg is None:  # another folder's config, or an override that needs Hydra's whole compose
-            with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
+            with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None), \
+                    warnings.catch_warnings():
+                # A verl example's search path names verl's folder in verl's checkout; Quiver's folder stands in.
+                warnings.filterwarnings("ignore", message=r"provider=hydra.searchpath in main, path=(.*/)?"
+                                        r"verl/trainer/config is not available")
                 if not shipped:
                     base = compose(config_name=config_name)
                     overrides = _prepared_overrides(base, overrides)

@@ -139,6 +139,30 @@ def test_filter_overlong_prompts(tokenizer, tmp_path, caplog):
         RLHFDataset(path, tokenizer, {"max_prompt_length": 2, "filter_overlong_prompts": True})
 
 
+ECHO_TOOL = {"type": "function", "function": {"name": "echo", "description": "Echo the text.", "parameters": {
+    "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+
+
+def test_the_length_check_counts_the_tool_schemas_the_rollout_renders(tokenizer, tmp_path):
+    """A prompt that fits alone but not with the tool schemas that mode=async's tool_agent renders in is dropped by
+    the filter (and named by the check), as in verl; the items themselves stay rendered without the schemas."""
+    text = tokenizer.apply_chat_template(_row("a")["prompt"], tools=[ECHO_TOOL], add_generation_prompt=True,
+                                         tokenize=False)
+    with_tools = len(tokenizer.encode(text, add_special_tokens=False))
+    alone = len(_prompt_ids(tokenizer, "a"))
+    limit = (alone + with_tools) // 2
+    assert alone <= limit < with_tools
+    path = _write_parquet(tmp_path / "tools.parquet", [_row("a"), _row("b")])
+    assert len(RLHFDataset(path, tokenizer, {"max_prompt_length": limit, "filter_overlong_prompts": True})) == 2
+    with pytest.raises(ValueError, match="no prompts left"):
+        RLHFDataset(path, tokenizer, {"max_prompt_length": limit, "filter_overlong_prompts": True},
+                    tool_schemas=[ECHO_TOOL])
+    with pytest.raises(ValueError, match=rf"row 0: the prompt has {with_tools} tokens with the schemas of 1 tools"):
+        RLHFDataset(path, tokenizer, {"max_prompt_length": limit}, tool_schemas=[ECHO_TOOL])
+    dataset = RLHFDataset(path, tokenizer, {"max_prompt_length": with_tools}, tool_schemas=[ECHO_TOOL])
+    assert dataset[0]["raw_prompt_ids"] == _prompt_ids(tokenizer, "a")
+
+
 def test_several_files_are_concatenated(tokenizer, tmp_path):
     first = _write_parquet(tmp_path / "a.parquet", [_row("a"), _row("b")])
     second = _write_jsonl(tmp_path / "b.jsonl", [_row("c")])

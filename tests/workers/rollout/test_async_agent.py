@@ -13,11 +13,15 @@ from omegaconf import OmegaConf
 from scripted_engine import EOS, TOK, ScriptedEngine
 
 from verl.protocol import DataProto
+from verl.single_controller.base.decorator import collect_dp_proto
+from verl.workers.config.rollout import tool_result_limit
 from verl.workers.rollout.async_agent import (
     AgentLoopBase,
     AgentLoopManager,
     AgentLoopOutput,
+    prompt_tool_schemas,
     register,
+    unused_tools_warning,
 )
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.tool_formats import TAG_RESULT, build_call_format
@@ -147,11 +151,29 @@ def test_hermes_calls_run_and_their_results_are_out_of_the_loss():
 def test_several_calls_in_one_turn_run_up_to_max_parallel_calls():
     echo = EchoTool()
     calls = [json.dumps({"name": "echo", "arguments": {"text": t}}) for t in ("a", "b", "c")]
-    out = run(hermes_manager(hermes_script(calls), [echo], max_parallel_calls=2), prompts(["q"],
-                                                                                          agent_name=["tool_agent"]))
-    assert result_spans(out) == ["\n<tool_response>\ngot a\n</tool_response>\n\n<tool_response>\ngot b\n"
-                                 "</tool_response>\n"]
+    manager = hermes_manager(hermes_script(calls), [echo], max_parallel_calls=2, response_length=800)
+    out = run(manager, prompts(["q"], agent_name=["tool_agent"]), response_length=800)
+    (span,) = result_spans(out)
+    assert span.startswith("\n<tool_response>\ngot a\n</tool_response>\n\n<tool_response>\ngot b\n"
+                           "</tool_response>\n\n<tool_response>\n")
+    # the third call is answered, not dropped: the model reads that it was not run, and why
+    assert ("Error: the call of echo was not run: the turn made 3 tool calls and at most 2 run per turn "
+            "(multi_turn.max_parallel_calls)") in span.split("<tool_response>")[3]
     assert [p["text"] for _, p in echo.executed] == ["a", "b"] and len(echo.created) == 1  # one instance per tool
+    assert out.non_tensor_batch["tool_calls"][0] == 2
+
+
+def test_a_tool_result_keeps_verls_256_characters_by_default_in_mode_async():
+    class Long(EchoTool):
+        async def execute(self, instance_id, parameters, **kwargs):
+            return Response("x" * 300), 0.0, {}
+
+    call = [json.dumps({"name": "echo", "arguments": {"text": "x"}})]
+    manager = hermes_manager(hermes_script(call), [Long()], response_length=800)
+    (span,) = result_spans(run(manager, prompts(["q"], agent_name=["tool_agent"]), response_length=800))
+    assert span.count("x") == 256 and "...(truncated)..." in span
+    assert tool_result_limit(OmegaConf.create({"multi_turn": {}}), verl_loop=False) is None  # the seeds' loop
+    assert tool_result_limit(OmegaConf.create({"multi_turn": {"max_tool_response_length": 9}}), verl_loop=True) == 9
 
 
 @pytest.mark.parametrize("call, error", [
@@ -270,6 +292,49 @@ def test_user_loops_by_name_from_the_row_or_a_config_file(tmp_path, monkeypatch)
     cfg.rollout.agent.default_agent_loop = "quiet_agent"
     out = run(AgentLoopManager(engine, TOK, cfg), prompts(["a"]))
     assert out.batch["responses"][0, 0].item() == 5 and out.batch["response_mask"][0].sum().item() == 1
+
+
+def test_ranks_whose_loops_render_longer_prompts_concatenate():
+    """A loop that renders the prompt again with the tool schemas (as tool_agent does) makes a rank's prompts wider
+    than another rank's; the driver's gather left-pads them to the widest instead of failing."""
+    @register("schema_agent")
+    class WithSchemas(AgentLoopBase):
+        async def run(self, sampling_params, **kwargs):
+            prompt_ids = TOK.encode("[tools: echo] ") + list(kwargs["raw_prompt_ids"])
+            out = await self.server_manager.generate(prompt_ids=prompt_ids, sampling_params=sampling_params)
+            return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=out.token_ids,
+                                   response_mask=[1] * len(out.token_ids), num_turns=2)
+
+    engine = ScriptedEngine(lambda prompt, response: "ok$")
+    rank0 = run(AgentLoopManager(engine, TOK, config()), prompts(["a", "b"], agent_name=["schema_agent"] * 2), 8)
+    rank1 = run(AgentLoopManager(engine, TOK, config()), prompts(["c", "d"], agent_name=["single_turn_agent"] * 2), 8)
+    assert rank0.batch["prompts"].shape[1] > rank1.batch["prompts"].shape[1]
+    out = collect_dp_proto(None, [rank0, rank1])
+    width = rank0.batch["prompts"].shape[1]
+    assert out.batch["input_ids"].shape == (4, width + 8) and out.batch["prompts"].shape == (4, width)
+    for row, text in zip(range(2, 4), "cd"):  # rank 1's rows: the same tokens, more padding on the left
+        kept = out.batch["attention_mask"][row].bool()
+        assert TOK.decode(out.batch["input_ids"][row][kept].tolist()) == f"{text}|ok"  # (decode drops the EOS)
+        assert out.batch["position_ids"][row][kept].tolist() == list(range(int(kept.sum())))
+    assert response_texts(out) == ["ok", "ok", "ok", "ok"]
+
+
+def test_tools_no_row_can_call_are_reported_once_and_schemas_go_to_the_length_check():
+    rollout = OmegaConf.create({"mode": "async", "agent": {"default_agent_loop": "single_turn_agent"},
+                                "multi_turn": {"format": "hermes"}})
+    tools = {"echo": EchoTool()}
+    message = unused_tools_warning(rollout, tools, [None, None])  # verl's plain gsm8k.py data: no agent_name column
+    assert "the tools echo are loaded, but every row runs single_turn_agent" in message
+    assert "no agent_name column" in message and "default_agent_loop=tool_agent" in message
+    assert "agent_name is single_turn_agent" in unused_tools_warning(rollout, tools, ["single_turn_agent"])
+    assert unused_tools_warning(rollout, tools, ["tool_agent", None]) is None
+    assert unused_tools_warning(rollout, {}, [None]) is None
+    rollout.agent.default_agent_loop = "tool_agent"
+    assert unused_tools_warning(rollout, tools, [None]) is None
+    assert prompt_tool_schemas(rollout, {"return_raw_chat": True}, tools) == [tools["echo"].get_openai_tool_schema()]
+    assert prompt_tool_schemas(rollout, {"return_raw_chat": False}, tools) is None  # the loop renders no messages
+    rollout.multi_turn.format = "tags"
+    assert prompt_tool_schemas(rollout, {"return_raw_chat": True}, tools) is None
 
 
 def test_unknown_agent_names_and_failing_loops_are_reported():

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-from verl.protocol import DataProto
+from verl.protocol import LEFT_PAD, DataProto
 from verl.utils.torch_functional import compute_position_id_with_mask, pad_2d_list_to_tensor
 from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
 from verl.workers.rollout.hf_rollout import HFRollout, top_k_top_p_filter
@@ -288,7 +288,8 @@ def test_generate_sequences_layout(tiny_model_dir, n, use_raw_prompt_ids):
         assert out.batch[key].shape == (bs, total)
     assert out.batch["rollout_log_probs"].dtype == torch.float32
     assert list(out.non_tensor_batch["uid"]) == [u for u in "abc" for _ in range(n)]
-    assert out.meta_info == {"step": 3}
+    assert out.meta_info == {"step": 3, LEFT_PAD: {"prompts": pad_id, "input_ids": pad_id, "attention_mask": 0,
+                                                   "position_ids": 0}}  # the prompt side may be padded further
 
     expected = engine.generate(prompt_ids, SamplingParams(temperature=0.0, max_tokens=response_length))
     for row in range(bs):

@@ -21,7 +21,9 @@ from verl.workers.rollout.base import (
     ENGINES_NOT_BUILT,
     cuda_only_engine_problems,
     engine_unavailable,
+    has_verl_tools,
     resolve_rollout_name,
+    uses_async_agent,
 )
 
 
@@ -186,10 +188,15 @@ def check_engine(cfg: DictConfig, problems: list[str]) -> None:
 
 def check_agent_mode(rollout: DictConfig, problems: list[str]) -> None:
     """verl's agent loops (mode=async) carry ARPO's branching (branch_rule=arpo); AEPO's branch penalty counts
-    rounds, and its dynamic rollout probes whole prompts first: both need the round-based tool loop."""
-    if rollout.mode != "async" or (rollout.beam_size == 1 and not rollout.enable_dynamic_rollouts):
-        return
+    rounds, and its dynamic rollout probes whole prompts first: both need the round-based tool loop. verl-style
+    tools are called by verl's agent loops only."""
     p = "actor_rollout_ref.rollout"
+    need(not (rollout.mode == "sync_with_tool" and has_verl_tools(rollout)),
+         f"{p}.multi_turn.tool_config_path / function_tool_path: verl-style tools are called by verl's agent loops "
+         f"({p}.mode=async, or the default mode=sync), not by {p}.mode=sync_with_tool, the seeds' loop, which calls "
+         f"the tools of {p}.tools.tool_instances", problems)
+    if not uses_async_agent(rollout) or (rollout.beam_size == 1 and not rollout.enable_dynamic_rollouts):
+        return
     need(rollout.branch_rule == "arpo" and not rollout.enable_dynamic_rollouts,
          f"{p}.branch_rule={rollout.branch_rule} / enable_dynamic_rollouts={rollout.enable_dynamic_rollouts}: AEPO's "
          f"branch penalty (over consecutive rounds) and dynamic rollout run in {p}.mode=sync_with_tool, the "

@@ -161,9 +161,15 @@ def _refuse_media(rows: list[dict], path: str, config) -> None:
 
 
 class RLHFDataset(Dataset):
-    """Prompts for RL from one or more files; `config` is verl's `data` node (a DictConfig or a dict)."""
+    """Prompts for RL from one or more files; `config` is verl's `data` node (a DictConfig or a dict).
 
-    def __init__(self, data_files: str | Sequence[str], tokenizer, config, processor=None):
+    `tool_schemas`: the tools' schemas that the rollout renders into every prompt (mode=async's tool_agent with
+    hermes calls, as verl's data set reads them from `data.tool_config_path`); the prompt-length check and filter
+    count them, so that a prompt that fits here fits the rollout too. The items' token ids are rendered without them
+    (the tool loop renders the row's messages again)."""
+
+    def __init__(self, data_files: str | Sequence[str], tokenizer, config, processor=None,
+                 tool_schemas: list[dict] | None = None):
         if processor is not None:
             raise NotImplementedError("multimodal prompts (a processor) are not supported; pass processor=None")
         self.tokenizer = tokenizer
@@ -174,6 +180,7 @@ class RLHFDataset(Dataset):
         self.return_raw_chat = bool(option(config, "return_raw_chat", DATA))
         self.return_full_prompt = bool(option(config, "return_full_prompt", DATA))
         self.apply_chat_template_kwargs = dict(config.get("apply_chat_template_kwargs") or {})
+        self.tool_schemas = list(tool_schemas) if tool_schemas else None
         # data.filter_overlong_prompts_workers is not read: prompt lengths come from one batched call to the Rust
         # tokenizer, which already uses every core.
         if self.truncation not in TRUNCATION_MODES:
@@ -208,20 +215,23 @@ class RLHFDataset(Dataset):
                 "raise it, or cut prompts with data.truncation=left|right|middle"
             )
 
-    def _render(self, messages: list[dict]) -> str:
+    def _render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **self.apply_chat_template_kwargs
+            messages, tools=tools, add_generation_prompt=True, tokenize=False, **self.apply_chat_template_kwargs
         )
 
     def _prompt_lengths(self) -> list[int]:
-        texts = [self._render(row[self.prompt_key]) for row in self.rows]
+        """Each prompt's tokens as the rollout sees it: with the tool schemas it renders in (`tool_schemas`)."""
+        texts = [self._render(row[self.prompt_key], self.tool_schemas) for row in self.rows]
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def _overlong_error(self, item: int, n_tokens: int, n_overlong: int = 1) -> ConfigError:
         path, row_in_file, _ = self.origins[item]
         others = f" ({n_overlong - 1} more prompts are too long as well)" if n_overlong > 1 else ""
+        schemas = f" with the schemas of {len(self.tool_schemas)} tools the rollout renders in" if (
+            self.tool_schemas) else ""
         return ConfigError(
-            f"{path}, row {row_in_file}: the prompt has {n_tokens} tokens, more than "
+            f"{path}, row {row_in_file}: the prompt has {n_tokens} tokens{schemas}, more than "
             f"data.max_prompt_length={self.max_prompt_length}{others}. Set data.filter_overlong_prompts=True to drop "
             f"such prompts, data.truncation=left|right|middle to cut them, or raise data.max_prompt_length."
         )
@@ -240,10 +250,11 @@ class RLHFDataset(Dataset):
         self.origins = [self.origins[i] for i in keep]
         log = logger.warning if dropped else logger.info
         log(
-            "data.filter_overlong_prompts: dropped %d of %d prompts longer than data.max_prompt_length=%d (%s)",
+            "data.filter_overlong_prompts: dropped %d of %d prompts longer than data.max_prompt_length=%d%s (%s)",
             dropped,
             dropped + len(keep),
             self.max_prompt_length,
+            f" with the schemas of {len(self.tool_schemas)} tools" if self.tool_schemas else "",
             ", ".join(self.data_files),
         )
 

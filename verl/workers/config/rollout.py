@@ -18,6 +18,16 @@ ENTROPY_MODES = ("topk", "exact")
 BRANCH_RULES = ("arpo", "aepo")
 # async: verl 0.9's mode (its only one): the per-sample agent loops of verl/workers/rollout/async_agent.py.
 ROLLOUT_MODES = ("sync", "sync_with_tool", "async")
+# verl's multi_turn.max_tool_response_length default: the characters of a tool result that mode=async's loops keep.
+VERL_TOOL_RESPONSE_CHARS = 256
+
+
+def tool_result_limit(rollout: Any, verl_loop: bool) -> int | None:
+    """The characters a tool result keeps (`multi_turn.max_tool_response_length`); null means verl's 256 in verl's
+    agent loops (`verl_loop`: mode=async's tool_agent) and no limit in the seeds' loop (mode=sync_with_tool), whose
+    reference cuts none."""
+    limit = (rollout.get("multi_turn") or {}).get("max_tool_response_length")
+    return VERL_TOOL_RESPONSE_CHARS if limit is None and verl_loop else limit
 
 
 @config_section(ROLLOUT)

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from verl.utils.torch_functional import pad_2d_list_to_tensor
-from verl.workers.config.rollout import BranchingConfig
+from verl.workers.config.rollout import BranchingConfig, tool_result_limit
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
@@ -355,7 +355,7 @@ def build_agent_loop(engine: RolloutEngine, tokenizer, rollout_config: Any, rank
     return AgentLoop(engine, tokenizer, tools, BranchingConfig.from_rollout_config(rollout_config),
                      seed=None if seed is None else seed + 1_000_003 * rank, call_format=multi_turn.get("format"),
                      max_assistant_turns=multi_turn.get("max_assistant_turns"),
-                     max_tool_response_length=multi_turn.get("max_tool_response_length"),
+                     max_tool_response_length=tool_result_limit(rollout_config, verl_loop=False),
                      tool_response_truncate_side=multi_turn.get("tool_response_truncate_side") or "middle")
 
 
@@ -377,4 +377,4 @@ def assemble_batch(prompts: DataProto, groups: list[list[Trajectory]], n: int, r
         log_probs=pad([t.log_probs for t in trajectories], 0.0, torch.float32),
         entropys=pad([t.entropies for t in trajectories], 0.0, torch.float32),
         extra_non_tensors={"finish_reason": [t.finish_reason for t in trajectories],
-                           "tool_calls": [t.calls for t in trajectories]})
+                           "tool_calls": [t.calls for t in trajectories]}, pad_token_id=pad_token_id)

@@ -50,7 +50,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from verl.utils.torch_functional import compute_position_id_with_mask, pad_2d_list_to_tensor
-from verl.workers.rollout.base import RolloutEngine, SamplingParams, _unpadded_prompts, layout_rollout_batch
+from verl.workers.rollout.base import (
+    RolloutEngine,
+    SamplingParams,
+    _unpadded_prompts,
+    layout_rollout_batch,
+    uses_async_agent,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -396,7 +402,7 @@ def check_agent_setup(rollout: Any) -> None:
     a ConfigError names what is wrong."""
     from verl.utils.config import ConfigError
 
-    if rollout.mode != "async":
+    if not uses_async_agent(rollout):
         return
     agent = rollout.get("agent") or {}
     try:
@@ -406,6 +412,34 @@ def check_agent_setup(rollout: Any) -> None:
         load_agent_tools(rollout)
     except ValueError as err:
         raise ConfigError(str(err)) from err
+
+
+def prompt_tool_schemas(rollout: Any, data_config: Any, tools: dict[str, Any]) -> list[dict] | None:
+    """The tool schemas that mode=async's tool_agent renders into each prompt (hermes calls, with the row's messages
+    kept by data.return_raw_chat), for the data set's length check to count as the rollout will; None when prompts
+    are rendered without them."""
+    from verl.workers.tools.openai_tools import schema_dicts
+
+    renders = (uses_async_agent(rollout) and tools and call_format_name(rollout) == "hermes"
+               and data_config.get("return_raw_chat"))
+    return schema_dicts(tools.values()) if renders else None
+
+
+def unused_tools_warning(rollout: Any, tools: dict[str, Any], agent_names: list) -> str | None:
+    """What to tell the user, once, when mode=async has tools but every row runs single_turn_agent, which calls none
+    (verl's plain GSM8K data has no agent_name column); None when some row may call them."""
+    if not uses_async_agent(rollout) or not tools:
+        return None
+    named = [str(name) for name in agent_names if name not in (None, "", "None", "nan")]
+    default = (rollout.get("agent") or {}).get("default_agent_loop") or "single_turn_agent"
+    if set(named) | ({default} if len(named) < len(agent_names) else set()) != {"single_turn_agent"}:
+        return None
+    where = ("the rows' agent_name is single_turn_agent" if named else
+             f"the rows have no agent_name column and {AGENT}.default_agent_loop=single_turn_agent")
+    return (f"the tools {', '.join(sorted(tools))} are loaded, but every row runs single_turn_agent, which calls no "
+            f"tool ({where}): this run makes no tool call. Write agent_name=tool_agent into the data (verl's "
+            "examples/data_preprocess/gsm8k_tool_agent_loop.py does) or set "
+            f"{AGENT}.default_agent_loop=tool_agent")
 
 
 # ---------------------------------------------------------------------------------------------- the manager
@@ -627,7 +661,7 @@ class AgentLoopManager:
             padded, pad(responses, pad_token_id, torch.long),
             attended=torch.arange(response_length, device=device)[None, :] < lengths[:, None],
             response_mask=mask, log_probs=log_probs * mask, entropys=entropies * mask,
-            extra_non_tensors=extra)
+            extra_non_tensors=extra, pad_token_id=pad_token_id)
 
     @staticmethod
     def _metrics(results: list[AgentLoopOutput], names: list[str], server: EngineServer,

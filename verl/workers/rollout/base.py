@@ -200,17 +200,26 @@ def known_rollout_names() -> list[str]:
     return sorted({"auto", *_BUILTIN_ROLLOUT_MODULES, *ENGINES_NOT_BUILT, *_ROLLOUT_REGISTRY})
 
 
+def has_verl_tools(rollout: Any) -> bool:
+    """Whether verl-style tools are configured (multi_turn.tool_config_path / function_tool_path): only verl's agent
+    loops call them."""
+    multi_turn = rollout.get("multi_turn") or {}
+    return bool(multi_turn.get("tool_config_path") or multi_turn.get("function_tool_path"))
+
+
 def uses_agent_loop(rollout: Any) -> bool:
     """Whether generation runs the round-based tool loop of agent_loop.py (ARPO/AEPO): rollout.mode=sync_with_tool,
-    or multi_turn.enable outside mode=async."""
-    if rollout.mode == "async":
+    or multi_turn.enable where verl's agent loops do not run."""
+    if uses_async_agent(rollout):
         return False
     return rollout.mode == "sync_with_tool" or bool((rollout.get("multi_turn") or {}).get("enable"))
 
 
 def uses_async_agent(rollout: Any) -> bool:
-    """Whether generation runs verl's per-sample agent loops (async_agent.py): rollout.mode=async."""
-    return rollout.mode == "async"
+    """Whether generation runs verl's per-sample agent loops (async_agent.py): rollout.mode=async, or the default
+    mode=sync with verl-style tools, as verl's multi-turn examples leave the mode to verl 0.9's default (async, its
+    only mode)."""
+    return rollout.mode == "async" or (rollout.mode == "sync" and has_verl_tools(rollout))
 
 
 def async_agent_beyond_single_turn(rollout: Any) -> bool:
@@ -466,19 +475,21 @@ def generate_sequences(
         log_probs=pad([o.log_probs for o in outputs], 0.0, torch.float32) * response_mask,
         entropys=pad([o.entropies for o in outputs], 0.0, torch.float32) * response_mask,
         extra_non_tensors={"finish_reason": [o.finish_reason for o in outputs],
-                           "stop_reason": [o.stop_reason for o in outputs]})
+                           "stop_reason": [o.stop_reason for o in outputs]}, pad_token_id=pad_token_id)
 
 
 def layout_rollout_batch(prompts: DataProto, responses: torch.Tensor, attended: torch.Tensor,
                          response_mask: torch.Tensor, log_probs: torch.Tensor, entropys: torch.Tensor,
-                         extra_non_tensors: dict) -> DataProto:
+                         extra_non_tensors: dict, pad_token_id: int) -> DataProto:
     """The trainer's rollout batch (keys in docs/internal_contracts.md) from prompts repeated to one row per response.
 
     responses `(bs, response_len)` right padded; attended: 1 on every response token the model sees (the response's
     part of `attention_mask`); response_mask: 1 on the tokens that train (equal to `attended` for plain sampling,
-    0 on tool results for the agent loop); log_probs, entropys: the engine's, 0 where nothing was sampled.
+    0 on tool results for the agent loop); log_probs, entropys: the engine's, 0 where nothing was sampled. The
+    prompt side's tensors are named in `meta_info[LEFT_PAD]` with their pad values, so that batches whose prompts are
+    padded to other widths (another rank's, whose agent loops rendered longer prompts) concatenate.
     """
-    from verl.protocol import DataProto
+    from verl.protocol import LEFT_PAD, DataProto
 
     prompt_ids, prompt_mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
     prompt_pos = prompts.batch["position_ids"]
@@ -495,4 +506,6 @@ def layout_rollout_batch(prompts: DataProto, responses: torch.Tensor, attended: 
         "rollout_entropys": entropys,
     }
     non_tensors = {**prompts.non_tensor_batch, **extra_non_tensors}
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
+    left_pad = {"prompts": pad_token_id, "input_ids": pad_token_id, "attention_mask": 0, "position_ids": 0}
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors,
+                               meta_info={**prompts.meta_info, LEFT_PAD: left_pad})

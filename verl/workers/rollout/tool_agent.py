@@ -4,7 +4,8 @@ Each turn samples until the model ends it, then runs the turn's tool calls and a
 
 - **hermes** (`multi_turn.format=hermes`, verl's default where verl-style tools are configured): the turn ends at
   EOS; every `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in it is a call (at most
-  `multi_turn.max_parallel_calls` of them, run concurrently); the results go back as `tool` messages through the
+  `multi_turn.max_parallel_calls` of them, run concurrently; each call beyond them gets a result saying it was not
+  run); the results go back as `tool` messages through the
   chat template, which also closes the turn and opens the next assistant turn (`tool_formats.HermesFormat`). With
   the row's `raw_prompt` messages (`data.return_raw_chat=true`) the prompt is rendered again with the tools'
   schemas, for templates that list tools in the system prompt.
@@ -14,7 +15,7 @@ Each turn samples until the model ends it, then runs the turn's tool calls and a
 A call that cannot run (malformed JSON, an unknown tool, a tool that raises or outlives `rollout.tools.timeout`)
 gets a result text naming the fault; the loop never stops on it. The trajectory ends at EOS without a call, at
 `response_length` tokens, after `multi_turn.max_assistant_turns` turns or `max_user_turns` tool rounds. Results
-are cut to `max_tool_response_length` characters (`tool_response_truncate_side`).
+are cut to `max_tool_response_length` characters (null: verl's 256; `tool_response_truncate_side`).
 
 Tools follow verl's interface (`verl.tools.base_tool.BaseTool`): an instance is created on the trajectory's first
 call of a tool (`create(create_kwargs=row.tools_kwargs[name].create_kwargs)`), `execute(instance, arguments)` runs
@@ -30,8 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from verl.workers.config.rollout import tool_result_limit
 from verl.workers.rollout.async_agent import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, new_request_id
 from verl.workers.rollout.tool_formats import HERMES_OPEN, HermesFormat, ToolCall, truncate_result
+from verl.workers.tools.openai_tools import schema_dict, schema_dicts
 
 
 @dataclass
@@ -75,7 +78,7 @@ class ToolAgentLoop(AgentLoopBase):
         self.max_assistant_turns = multi_turn.get("max_assistant_turns")
         self.max_user_turns = multi_turn.get("max_user_turns")
         self.max_parallel_calls = int(multi_turn.get("max_parallel_calls") or 1)
-        self.max_result_chars = multi_turn.get("max_tool_response_length")
+        self.max_result_chars = tool_result_limit(self.rollout_config, verl_loop=True)
         self.truncate_side = multi_turn.get("tool_response_truncate_side") or "middle"
         tools_section = self.rollout_config.get("tools") or {}
         self.timeout = float(tools_section.get("timeout") or 120)
@@ -118,12 +121,13 @@ class ToolAgentLoop(AgentLoopBase):
                 calls = self._calls(out) if self.tools else []
                 if not calls or self._turns_spent(trace.assistant_turns, trace.user_turns):
                     break
-                calls = calls[: self.max_parallel_calls]
+                run, skipped = calls[: self.max_parallel_calls], calls[self.max_parallel_calls:]
                 start = time.perf_counter()
-                results = await asyncio.gather(*(self._call(call, instances, tools_kwargs) for call in calls))
+                results = await asyncio.gather(*(self._call(call, instances, tools_kwargs) for call in run))
                 metrics.tool_calls += time.perf_counter() - start
-                trace.calls += len(calls)
+                trace.calls += len(run)
                 trace.reward += sum(step for _, step in results)
+                results += [(self._not_run_text(call, len(calls)), 0.0) for call in skipped]
                 texts = [truncate_result(text, self.max_result_chars, self.truncate_side) for text, _ in results]
                 closed_by = (self.tokenizer.decode(out.token_ids[-1:]) if out.token_ids
                              and out.token_ids[-1] in self.eos_ids else None)
@@ -149,8 +153,7 @@ class ToolAgentLoop(AgentLoopBase):
         """The row's prompt ids; rendered again with the tools' schemas where the row has its messages (hermes)."""
         messages = row.get("raw_prompt")
         if isinstance(self.format, HermesFormat) and self.tools and messages is not None:
-            schemas = [_schema_dict(tool) for tool in self.tools.values()]
-            return await self.apply_chat_template([dict(m) for m in messages], tools=schemas)
+            return await self.apply_chat_template([dict(m) for m in messages], tools=schema_dicts(self.tools.values()))
         return [int(t) for t in row["raw_prompt_ids"]]
 
     def _turns_spent(self, assistant_turns: int, user_turns: int) -> bool:
@@ -190,6 +193,12 @@ class ToolAgentLoop(AgentLoopBase):
         text = response if isinstance(response, str) else (getattr(response, "text", None) or "")
         return text, float(step or 0.0)
 
+    def _not_run_text(self, call: ToolCall, count: int) -> str:
+        """The result of a call beyond `max_parallel_calls` in one turn: the model is told it was not run."""
+        name = f"the call of {call.tool}" if call.tool else "this call"
+        return (f"Error: {name} was not run: the turn made {count} tool calls and at most {self.max_parallel_calls} "
+                f"run per turn (multi_turn.max_parallel_calls); make it again in the next turn.")
+
     async def _close(self, instances: dict[str, str], tools_kwargs: dict) -> float:
         """calc_reward and release of every tool instance the trajectory created; the rewards' sum."""
         total = 0.0
@@ -202,14 +211,9 @@ class ToolAgentLoop(AgentLoopBase):
         return total
 
 
-def _schema_dict(tool) -> dict:
-    schema = tool.get_openai_tool_schema()
-    return schema.model_dump(exclude_unset=True, exclude_none=True) if hasattr(schema, "model_dump") else dict(schema)
-
-
 def _input_name(tool) -> str:
     """The parameter a tag-style call's one string goes to: the schema's first required parameter."""
-    function = _schema_dict(tool).get("function", {})
+    function = schema_dict(tool).get("function", {})
     parameters = function.get("parameters") or {}
     required = list(parameters.get("required") or []) or list(parameters.get("properties") or {})
     return required[0] if required else "input"

@@ -77,9 +77,15 @@ def as_schema(schema: OpenAIFunctionToolSchema | Mapping, where: str) -> OpenAIF
         raise ValueError(validation_text(err, where)) from err
 
 
-def schema_dicts(tools: list[OpenAITool]) -> list[dict[str, Any]]:
-    """The tools' schemas as the chat template's `tools` argument takes them."""
-    return [tool.tool_schema.model_dump(exclude_none=True) for tool in tools]
+def schema_dict(tool) -> dict[str, Any]:
+    """A verl-style tool's schema as the chat template's `tools` argument takes it (the fields it sets)."""
+    schema = tool.get_openai_tool_schema()
+    return schema.model_dump(exclude_unset=True, exclude_none=True) if hasattr(schema, "model_dump") else dict(schema)
+
+
+def schema_dicts(tools) -> list[dict[str, Any]]:
+    """`schema_dict` of each tool, in order."""
+    return [schema_dict(tool) for tool in tools]
 
 
 # ---------------------------------------------------------------------------------------------- the tool
@@ -285,7 +291,8 @@ class TagToolAdapter(OpenAITool):
 ENTRY_KEYS = ("class_name", "config", "tool_schema")
 
 
-def _import_class(where: str, class_name: str) -> type:
+def import_class(where: str, class_name: str) -> type:
+    """The class at the dotted path `class_name` (or one of manager.CLASS_ALIASES); a ValueError naming `where`."""
     from verl.workers.tools.manager import CLASS_ALIASES  # here: the manager imports the rollout package
 
     module_name, _, attribute = CLASS_ALIASES.get(class_name, class_name).rpartition(".")
@@ -319,7 +326,7 @@ def _entry_tool(where: str, entry: Any) -> OpenAITool:
                          "class or a @function_tool function")
     if kind != "native":
         raise ValueError(f"{where}.config.type={kind!r} must be 'native'")
-    cls = _import_class(where, class_name)
+    cls = import_class(where, class_name)
     schema = entry.get("tool_schema")
     schema = None if schema is None else as_schema(schema, f"{where}.tool_schema")
     try:
