@@ -6,9 +6,11 @@ from verl.workers.tools.openai_schemas import (
     OpenAIFunctionParsedSchema,
     OpenAIFunctionPropertySchema,
     OpenAIFunctionSchema,
+    OpenAIFunctionToolCall,
     OpenAIFunctionToolSchema,
     ToolResponse,
 )
 
 __all__ = ["OpenAIFunctionCallSchema", "OpenAIFunctionParametersSchema", "OpenAIFunctionParsedSchema",
-           "OpenAIFunctionPropertySchema", "OpenAIFunctionSchema", "OpenAIFunctionToolSchema", "ToolResponse"]
+           "OpenAIFunctionPropertySchema", "OpenAIFunctionSchema", "OpenAIFunctionToolCall", "OpenAIFunctionToolSchema",
+           "ToolResponse"]

@@ -10,6 +10,7 @@ from verl.workers.rollout.async_agent import (
     TokenOutput,
     register,
 )
+from verl.workers.rollout.tool_agent import ToolAgentLoop
 
 __all__ = ["AgentLoopBase", "AgentLoopManager", "AgentLoopMetrics", "AgentLoopOutput", "DictConfigWrap",
-           "SingleTurnAgentLoop", "TokenOutput", "register"]
+           "SingleTurnAgentLoop", "TokenOutput", "ToolAgentLoop", "register"]

@@ -10,10 +10,12 @@ the prob manager computes RLPR's scoreA there).
 from verl.workers.reward_manager.dapo import DAPORewardManager  # importing it registers "dapo" and "wizard"
 from verl.workers.reward_manager.naive import NaiveRewardManager  # importing it registers "naive"
 from verl.workers.reward_manager.pool import BatchRewardManager, PoolRewardManager  # "pool", "prime", "batch"
+from verl.workers.reward_manager.prime import PrimeRewardManager
 from verl.workers.reward_manager.prob import ProbRewardManager  # "prob" (RLPR)
 from verl.workers.reward_manager.registry import (
     REWARD_MANAGER_REGISTRY,
     get_reward_manager_cls,
+    register,
     register_reward_manager,
 )
 
@@ -23,7 +25,9 @@ __all__ = [
     "DAPORewardManager",
     "NaiveRewardManager",
     "PoolRewardManager",
+    "PrimeRewardManager",
     "ProbRewardManager",
     "get_reward_manager_cls",
+    "register",
     "register_reward_manager",
 ]

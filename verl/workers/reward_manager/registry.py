@@ -12,6 +12,10 @@ def register_reward_manager(name: str):
     return register_in(REWARD_MANAGER_REGISTRY, "Reward manager", name)
 
 
+# verl's name of the decorator (`from verl.workers.reward_manager import register`).
+register = register_reward_manager
+
+
 def get_reward_manager_cls(name: str) -> type:
     """The reward manager class registered as `name`."""
     return lookup(REWARD_MANAGER_REGISTRY, "reward_model.reward_manager", name)

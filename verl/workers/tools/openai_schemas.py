@@ -70,6 +70,14 @@ class OpenAIFunctionCallSchema(BaseModel):
     arguments: dict[str, Any]
 
 
+class OpenAIFunctionToolCall(BaseModel):
+    """One call in an assistant message's `tool_calls`: its id and the decoded call."""
+
+    id: str
+    type: str = "function"
+    function: OpenAIFunctionCallSchema
+
+
 class ToolResponse(BaseModel):
     """What one call gives back to the model: text, and images or videos for a multimodal model."""
 
