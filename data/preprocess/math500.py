@@ -1,7 +1,8 @@
 """MATH-500 (HuggingFaceH4/MATH-500, test.jsonl: problem, solution, answer, subject, level, unique_id) -> verl rows.
 
 The data set has only a test split, so only test.parquet is written. The `answer` column is the ground truth; the
-prompt asks for a \\boxed{} answer, which `verl/utils/reward_score/math.py` reads.
+prompt asks for a \\boxed{} answer, which `verl/utils/reward_score/math_reward.py` reads (verl's rule for this
+data_source).
 
 python data/preprocess/math500.py --local_save_dir ~/data/math500 [--local_dataset_path DIR_OR_FILE]
 """

@@ -1,8 +1,8 @@
 """MATH (DigitalLearningGmbH/MATH-lighteval: columns problem, level, solution, type) -> verl parquet rows.
 
 The ground truth is the content of the last \\boxed{...} of the reference solution (nested braces kept, so
-"\\boxed{\\frac{1}{2}}" gives "\\frac{1}{2}"); `verl/utils/reward_score/math.py` compares the response's last
-\\boxed{} with it. A solution without \\boxed{} is skipped.
+"\\boxed{\\frac{1}{2}}" gives "\\frac{1}{2}"); `verl/utils/reward_score/math_reward.py` compares the response's
+last \\boxed{} with it (verl's rule for this data_source). A solution without \\boxed{} is skipped.
 
 python data/preprocess/math_lighteval.py --local_save_dir ~/data/math [--local_dataset_path DIR_OR_FILE]
 """

@@ -21,6 +21,8 @@ source scripts/train/_tiny.sh
 # use_token_entropy_separate=true: the seed's Archer2.0 scripts stopped passing it and then crash at the first update
 # (their actor reads it unconditionally); KL on low-entropy tokens only is what high_entropy_kl_loss_scale_coef=0 means.
 # The low/high_entropy_clip_ratio_* keys of the seed scripts are left out: ASPO never read them.
+# custom_reward_function: the seed's entry point always grades with its own reward function, which scores the math sets
+# (math, aime2024, aime2025, math500) by their \boxed{} answer; verl's router gives math and aime* DAPO's rule instead.
 
 "${PYTHON:-python3}" -m verl.trainer.main_ppo \
   data.train_files="$TRAIN_FILE" data.val_files="$TEST_FILE" \
@@ -57,7 +59,7 @@ source scripts/train/_tiny.sh
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 \
   actor_rollout_ref.rollout.val_kwargs.n=$VAL_N actor_rollout_ref.rollout.val_kwargs.do_sample=$VAL_DO_SAMPLE \
   actor_rollout_ref.rollout.val_kwargs.temperature=$VAL_TEMPERATURE actor_rollout_ref.rollout.val_kwargs.top_p=$VAL_TOP_P \
-  reward_model.reward_manager=wizard \
+  reward_model.reward_manager=wizard custom_reward_function.path=verl/utils/reward_score/archer.py \
   reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=16 \
   reward_model.overlong_buffer.penalty_factor=1.0 \
   trainer.rejection_sample=true trainer.enable_overlong_filter=false trainer.balance_batch=false \

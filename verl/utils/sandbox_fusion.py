@@ -28,11 +28,15 @@ def run_code_url(url: str) -> str:
     return url if url.endswith("/" + ENDPOINT) else f"{url}/{ENDPOINT}"
 
 
-def run_python_remote(url: str, code: str, limits: SandboxLimits, files: dict[str, str] | None = None) -> SandboxResult:
-    """Run `code` as a python program with `files` beside it on the SandboxFusion server at `url`."""
+def run_python_remote(url: str, code: str, limits: SandboxLimits, files: dict[str, str] | None = None,
+                      stdin: str | None = None) -> SandboxResult:
+    """Run `code` as a python program with `files` beside it (and `stdin` as its input) on the SandboxFusion server
+    at `url`."""
     payload = {"code": code, "language": "python", "run_timeout": limits.wall_time_s,
                "memory_limit_MB": limits.memory_mb,
                "files": {name: base64.b64encode(text.encode()).decode() for name, text in (files or {}).items()}}
+    if stdin is not None:
+        payload["stdin"] = stdin
     request = urllib.request.Request(run_code_url(url), data=json.dumps(payload).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
     start = time.monotonic()

@@ -1,5 +1,5 @@
 """data_source -> scorer lookup (verl/utils/reward_score/__init__.py): exact names, then prefix families, then an
-error naming both; and the sources graded by math.py's boxed-answer rule (prime_math, numina_*)."""
+error naming both; and the boxed-answer sources (prime_math: math.py; numina_*: verl's prime_math.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,14 @@ from verl.utils.reward_score import (
     ("data_source", "module"),
     [
         ("math_dapo", "math_dapo"),
-        ("aime2024", "math"),  # an exact name wins over the "aime" prefix
+        ("math", "math_dapo"),  # an exact name
+        ("aime2024", "math_dapo"),  # the "aime" prefix, as in verl
         ("aime24", "math_dapo"),
         ("aime", "math_dapo"),
-        ("numina_cn_k12", "math"),
-        ("numina_amc_aime", "math"),  # a numina_ split, not an AIME set
+        ("numina_cn_k12", "prime_math"),
+        ("numina_amc_aime", "prime_math"),  # a numina_ split, not an AIME set
         ("prime_math", "math"),
-        ("searchR1_musique", "search_r1"),
+        ("searchR1_musique", "search_r1_like_qa_em"),
         ("codeforces", "competition_code"),
         ("livecodebench", "code"),
     ],

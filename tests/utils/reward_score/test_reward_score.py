@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from verl.utils.reward_score import arithmetic, default_compute_score, gsm8k
+from verl.utils.reward_score import arithmetic, default_compute_score, gsm8k, gsm8k_numeric
 from verl.utils.reward_score import math as math_score
 
-# ------------------------------------------------------------------ gsm8k
+# ------------------------------------------------------------------ gsm8k (verl's rule; more in test_verl_rules.py)
 
 
 @pytest.mark.parametrize(
@@ -17,7 +17,7 @@ from verl.utils.reward_score import math as math_score
     [
         ("She has 3 + 4 = 7 apples.\n#### 7", "7", 1.0),
         ("#### 1,200", "1200", 1.0),  # commas removed
-        ("#### $1,200", "1,200", 1.0),
+        ("#### $1,200", "1200", 0.0),  # "$" before the number: no strict answer
         ("#### 5\nwait, actually #### 7", "7", 1.0),  # the last answer counts
         ("#### 7\nno, #### 8", "7", 0.0),
         ("The answer is 7", "7", 0.0),  # no "####": strict finds nothing
@@ -33,13 +33,20 @@ def test_gsm8k_flexible_takes_last_number_and_scores_format():
     assert gsm8k.compute_score("7 is wrong, it is 8", "7", method="flexible") == 0.0
     assert gsm8k.compute_score("no digits here", "7", method="flexible", format_score=0.1) == 0.0
     assert gsm8k.compute_score("#### 8", "7", format_score=0.1) == 0.1
-    assert gsm8k.compute_score("#### 7.00", "7") == 1.0
+    assert gsm8k.compute_score("#### 7.00", "7") == 0.0  # strings, not numbers
     assert gsm8k.extract_solution("x #### -3,000.5 y") == "-3000.5"
 
 
 def test_gsm8k_unknown_method():
     with pytest.raises(ValueError, match="method='loose'"):
         gsm8k.compute_score("#### 7", "7", method="loose")
+
+
+def test_quiver_gsm8k_compares_numbers():
+    assert gsm8k_numeric.compute_score("#### $1,200", "1,200") == 1.0
+    assert gsm8k_numeric.compute_score("#### 7.00", "7") == 1.0
+    assert gsm8k_numeric.compute_score("#### 8", "7", format_score=0.1) == 0.1
+    assert gsm8k_numeric.extract_solution("3 + 4 makes 7", method="flexible") == "7"
 
 
 # ------------------------------------------------------------------ arithmetic
@@ -131,8 +138,7 @@ def test_math_works_outside_the_main_thread():
 
 
 @pytest.mark.parametrize(
-    "data_source",
-    ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math", "math500"],
+    "data_source", ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math500"]
 )
 def test_default_compute_score_math_sources(data_source):
     assert default_compute_score(data_source, "\\boxed{2}", "2", extra_info={"split": "test"}) == 1.0
@@ -171,7 +177,7 @@ def test_math_sympy_fallback_refuses_what_is_not_plain_arithmetic(hostile):
     assert math_score.sympy_equal(hostile, "1") is False
 
 
-@pytest.mark.parametrize("source", ["aime2024", "aime2025", "math", "math500"])
-def test_math_sources_use_the_boxed_grader(source):
-    assert default_compute_score(source, "<think>\\boxed{3}</think> so \\boxed{\\frac{6}{8}}", "0.75") == 1.0
-    assert default_compute_score(source, "<think>\\boxed{0.75}</think> so \\boxed{3}", "0.75") == 0.0
+def test_math500_uses_the_boxed_grader():
+    # Quiver's math500 (and Archer's math sets through verl/utils/reward_score/archer.py, test_verl_rules.py).
+    assert default_compute_score("math500", "<think>\\boxed{3}</think> so \\boxed{\\frac{6}{8}}", "0.75") == 1.0
+    assert default_compute_score("math500", "<think>\\boxed{0.75}</think> so \\boxed{3}", "0.75") == 0.0

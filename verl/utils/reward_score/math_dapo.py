@@ -1,22 +1,29 @@
-r"""DAPO's math reward (data_source `math_dapo`, `math_dapo_reasoning` and `aime*`): +1 right, -1 wrong.
+r"""DAPO's math reward (data_source `math_dapo`, `math`, `math_dapo_reasoning`, `aime*`), verl's rule: +1 / -1.
 
-    pred  = the text after the last "Answer:" (any case, spaces allowed around the colon) up to the end of its line,
-            or, when there is none, the content of the last \boxed{} (as math.py finds it) in the final
-            FALLBACK_BOX_CHARS characters
-    score = +1.0 if normalize_final_answer(pred) == normalize_final_answer(ground_truth) else -1.0
+Only the final SEARCH_CHARS characters of the response are read (DAPO's prompt asks for "Answer: $Answer" on the last
+line; the longest answer of MATH-500 has 159 characters). Then, by default:
 
-Only the final SEARCH_CHARS characters of the response are searched: DAPO's prompt asks for "Answer: $Answer" on the
-last line, and a short tail keeps grading cheap on long responses. A response with neither form scores -1 with pred
-"[INVALID]". The comparison is of strings, no symbolic equivalence: DAPO-Math-17k's answers are integers.
+    pred  = normalize_final_answer(the text after the last "Answer:" (any case, spaces allowed around the colon) up
+            to the end of its line)
+    right = pred == normalize_final_answer(ground_truth)
+
+and only when there is no "Answer:" line, the \boxed{} fallback:
+
+    pred  = the content of the last \boxed{...} in the final BOX_CHARS characters, as written (not normalised)
+    right = pred == ground_truth, compared as strings
+
+A response with neither scores -1 with pred "[INVALID]". With `strict_box_verify=True` only the \boxed{} rule is used
+(pred None without a box); `pause_tokens_index` (four positions in the text read) starts the BOX_CHARS window
+BOX_CHARS characters before the last of them instead. No symbolic equivalence: DAPO-Math-17k's answers are integers.
 
 `normalize_final_answer` is Minerva's (Lewkowycz et al. 2022, "Solving Quantitative Reasoning Problems with Language
-Models", appendix), applied to both sides: keep what follows the last "=", drop spaces, articles, unit words and
-LaTeX spacing, unwrap $...$, \text{}, \textbf{}, \overline{} and \boxed{}, expand the shorthand \frac12 and \sqrt2,
-and drop the commas of what is only digits and commas ("1,000" -> "1000", but also "1,2,3" -> "123").
+Models", appendix): keep what follows the last "=", drop spaces, articles, unit words and LaTeX spacing, unwrap
+$...$, \text{}, \textbf{}, \overline{} and \boxed{}, expand the shorthand \frac12 and \sqrt2, and drop the commas of
+what is only digits and commas ("1,000" -> "1000", but also "1,2,3" -> "123").
 
 Returns {"score", "acc", "pred"}: `acc` (bool) is what DAPO's dynamic sampling filters groups on
-(algorithm.filter_groups.metric=acc), `pred` the normalised prediction. The \boxed{} fallback is verl's later addition
-to DAPO's rule (the DAPO release reads only "Answer:"); verl's `strict_box_verify` mode is not provided.
+(algorithm.filter_groups.metric=acc). The \boxed{} fallback is verl's addition to DAPO's rule (the DAPO release reads
+only "Answer:").
 """
 
 from __future__ import annotations
@@ -24,12 +31,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from verl.utils.reward_score.math import last_boxed_only_string
+from verl.utils.reward_score.math_reward import braced_span
 
-SEARCH_CHARS = 300  # DAPO: the longest answer in MATH-500 has 159 characters
-FALLBACK_BOX_CHARS = 100
+SEARCH_CHARS = 300
+BOX_CHARS = 100
 INVALID = "[INVALID]"
-_ANSWER_LINE = re.compile(r"answer\s*:\s*([^\n]+)", re.IGNORECASE)
 
 # Minerva's normalisation, applied in this order (the order matters: "\text{}^2" must go before "\text{}").
 _REPLACEMENTS = (
@@ -73,18 +79,67 @@ def normalize_final_answer(answer: str) -> str:
     return answer.strip()
 
 
-def extract_answer(solution_str: str) -> str | None:
-    """The raw prediction of a response's tail (module docstring); None when it has neither form."""
-    tail = solution_str[-SEARCH_CHARS:]
-    lines = _ANSWER_LINE.findall(tail)
-    if lines:
-        return lines[-1]
-    return last_boxed_only_string(tail[-FALLBACK_BOX_CHARS:])
+def last_boxed_only_string(string: str) -> str | None:
+    """The last "\\boxed{...}" of `string` (nested braces allowed), command included; None if absent or unbalanced."""
+    start = string.rfind("\\boxed{")
+    return None if start < 0 else braced_span(string, start)
 
 
-def compute_score(solution_str: str, ground_truth: Any) -> dict[str, Any]:
-    """{"score": +1.0 or -1.0, "acc": bool, "pred": normalised prediction or "[INVALID]"} (module docstring)."""
-    answer = extract_answer(solution_str)
-    pred = INVALID if answer is None else normalize_final_answer(answer)
-    acc = answer is not None and pred == normalize_final_answer(str(ground_truth))
-    return {"score": 1.0 if acc else -1.0, "acc": acc, "pred": pred}
+def remove_boxed(s: str) -> str:
+    """The content of "\\boxed{...}"; AssertionError for anything else."""
+    assert s.startswith("\\boxed{") and s.endswith("}"), f"box error: {s}"
+    return s[len("\\boxed{") : -1]
+
+
+def is_correct_minerva(
+    solution_str: str, gt: str, gt_need_extract: bool = False, answer_pattern: str = r"(?i)Answer\s*:\s*([^\n]+)"
+) -> tuple[bool, str]:
+    """(right, pred) of the "Answer:" rule; pred is "[INVALID]" without an answer line. `gt_need_extract`: the ground
+    truth is a solution whose last \\boxed{} holds the answer."""
+    lines = re.findall(answer_pattern, solution_str)
+    pred = normalize_final_answer(lines[-1] if lines else INVALID)
+    truth = remove_boxed(last_boxed_only_string(gt)) if gt_need_extract else gt
+    return pred == normalize_final_answer(truth), pred
+
+
+def is_correct_strict_box(
+    pred: str, gt: str, pause_tokens_index: list[int] | None = None
+) -> tuple[int, str | None]:
+    """(1 or -1, the boxed content or None) of the \\boxed{} rule on the final BOX_CHARS characters."""
+    if pause_tokens_index is not None:
+        if len(pause_tokens_index) != 4:
+            raise ValueError(f"pause_tokens_index={pause_tokens_index} must hold 4 positions")
+        pred = pred[pause_tokens_index[-1] - BOX_CHARS :]
+    else:
+        pred = pred[-BOX_CHARS:]
+    boxed = last_boxed_only_string(pred)
+    extracted = remove_boxed(boxed) if boxed is not None else None
+    return (1 if extracted == gt else -1), extracted
+
+
+def verify(
+    solution_str: str, answer: str, strict_box_verify: bool = False, pause_tokens_index: list[int] | None = None
+) -> tuple[bool, str | None]:
+    """(right, pred): the "Answer:" rule, else the \\boxed{} fallback (module docstring)."""
+    if strict_box_verify:
+        correct, pred = is_correct_strict_box(solution_str, answer, pause_tokens_index)
+        return correct == 1, pred
+    right, pred = is_correct_minerva(solution_str, answer)
+    if pred != INVALID:
+        return right, pred
+    box_correct, box_pred = is_correct_strict_box(solution_str, answer, pause_tokens_index)
+    if box_pred is not None:
+        return box_correct == 1, box_pred
+    return right, pred
+
+
+def compute_score(
+    solution_str: str,
+    ground_truth: Any,
+    strict_box_verify: bool = False,
+    pause_tokens_index: list[int] | None = None,
+) -> dict[str, Any]:
+    """{"score": +1.0 or -1.0, "acc": bool, "pred": the prediction} (module docstring). A ground truth that is not a
+    string is compared as its str()."""
+    right, pred = verify(solution_str[-SEARCH_CHARS:], str(ground_truth), strict_box_verify, pause_tokens_index)
+    return {"score": 1.0 if right else -1.0, "acc": right, "pred": pred}

@@ -1,4 +1,4 @@
-"""Search-R1's exact-match reward (verl/utils/reward_score/search_r1.py) on hand-written responses."""
+"""Search-R1's exact-match reward (verl/utils/reward_score/search_r1_like_qa_em.py) on hand-written responses."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from verl.utils.reward_score import default_compute_score
-from verl.utils.reward_score.search_r1 import compute_score, extract_answer, targets
+from verl.utils.reward_score.search_r1_like_qa_em import compute_score, extract_solution, targets
 
 SEARCH = "<think>Look it up.</think>\n<search>tallest tower in Paris</search>\n<information>...</information>\n"
 
@@ -35,7 +35,7 @@ def test_exact_match(response, truth, expected):
 
 @pytest.mark.parametrize("response", [SEARCH + "It is Paris.", SEARCH + "<answer>Paris", SEARCH + "Paris</answer>", ""])
 def test_malformed_scores_zero(response):
-    assert extract_answer(response) is None
+    assert extract_solution(response) is None
     assert compute_score(response, {"target": ["Paris"]}) == 0.0
 
 
