@@ -68,7 +68,7 @@ def test_calculator_needs_a_string(calculator):
 def test_gsm8k_lifecycle():
     [tool] = load_tool_yaml(str(CONFIGS / "gsm8k_tool.yaml"))
     assert isinstance(tool, Gsm8kTool) and tool.name == "calc_gsm8k_reward"
-    first, _ = run(tool.create(ground_truth="1,234"))
+    first, _ = run(tool.create(ground_truth="1234"))
     second, _ = run(tool.create("mine", create_kwargs={"ground_truth": "72"}))
     assert second == "mine" and first != second
 
@@ -76,18 +76,26 @@ def test_gsm8k_lifecycle():
         response, step_reward, _ = run(tool.execute(instance_id, {"answer": answer}))
         return response.text, step_reward
 
-    # Rewards by hand: right -> 1.0, wrong -> 0.0; step -0.05 unless the reward beats the previous call's (0 at first).
-    assert submit(first, "12") == ("Current parsed answer=12 reward=0.0", -0.05)
-    assert submit(first, " #### 1234 ") == ("Current parsed answer=1234 reward=1.0", 0.0)
+    # verl's rule by hand: "#### <answer>" scored by the flexible method (the last number, compared as a string with
+    # the ground truth); step -0.05 unless the reward beats the previous call's (0 at first).
+    assert submit(first, "12") == ("Current parsed answer='12' reward=0.0", -0.05)
+    assert submit(first, "#### 1234") == ("Current parsed answer='#### 1234' reward=1.0", 0.0)
     assert run(tool.calc_reward(first)) == 1.0
-    assert submit(first, "1234") == ("Current parsed answer=1234 reward=1.0", -0.05)  # no improvement
-    assert submit(first, "1000") == ("Current parsed answer=1000 reward=0.0", -0.05)
+    assert submit(first, "1234") == ("Current parsed answer='1234' reward=1.0", -0.05)  # no improvement
+    assert submit(first, "1000") == ("Current parsed answer='1000' reward=0.0", -0.05)
     assert run(tool.calc_reward(first)) == 0.0  # the last answer counts
-    assert submit(first, "####1,234") == ("Current parsed answer=1,234 reward=1.0", 0.0)
-    assert submit(second, "The answer is 72") == ("Current parsed answer=The answer is 72 reward=1.0", 0.0)
+    assert submit(first, "1,234") == ("Current parsed answer='1,234' reward=0.0", -0.05)  # "1,234" != "1234"
+    assert submit(first, 1234) == ("Current parsed answer='1234' reward=1.0", 0.0)  # a number is made a string
+    assert submit(second, "The answer is 72") == ("Current parsed answer='The answer is 72' reward=1.0", 0.0)
     run(tool.release(first))
     with pytest.raises(KeyError, match="create"):
         run(tool.calc_reward(first))
     assert run(tool.calc_reward(second)) == 1.0
-    with pytest.raises(ValueError, match="needs ground_truth"):
-        run(tool.create())
+
+
+def test_gsm8k_without_a_ground_truth_scores_zero_as_in_verl(caplog):
+    [tool] = load_tool_yaml(str(CONFIGS / "gsm8k_tool.yaml"))
+    with caplog.at_level("WARNING"):
+        instance, _ = run(tool.create())
+    response, step_reward, _ = run(tool.execute(instance, {"answer": "72"}))
+    assert (response.text, step_reward) == ("Current parsed answer='72' reward=0.0", -0.05)
