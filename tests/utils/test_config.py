@@ -577,3 +577,16 @@ def test_a_relative_config_path_is_resolved_from_the_entry_points_folder_as_hydr
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "ppo_trainer.yaml").write_text("defaults: [quiver_ppo_trainer, _self_]\n")
     assert parse_cli(["--config-path", "configs"], entry_file=entry)[0] == str(tmp_path / "configs")
+
+
+def test_archers_entry_point_grades_with_archers_reward_function():
+    """The seed's dapo/main_dapo.py always grades with its own reward function: Archer's math sets (math, aime2024,
+    ...) by their \\boxed{} answer, 1 / 0, where verl's router gives math and aime* DAPO's rule (+1 / -1)."""
+    from dapo.main_dapo import ARCHER_REWARD, archer_argv
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    argv = archer_argv(["data.train_batch_size=4"])
+    assert argv == ["data.train_batch_size=4", f"custom_reward_function.path={ARCHER_REWARD}"]
+    assert archer_argv(["custom_reward_function.path=mine.py"]) == ["custom_reward_function.path=mine.py"]
+    fn = get_custom_reward_fn(load_config(overrides=argv[1:]))
+    assert fn("aime2024", "so \\boxed{42}", "42") == 1.0 and fn("aime2024", "so \\boxed{41}", "42") == 0.0

@@ -117,6 +117,31 @@ def test_compute_reward_accepts_a_plain_tensor_result():
     assert compute_reward(None, lambda data, return_dict: tensor) == (tensor, {})
 
 
+def test_a_verl_manager_with_verls_constructor_gets_only_the_keywords_it_takes():
+    """A reward manager copied from verl takes (tokenizer, num_examine, compute_score, reward_fn_key) and no
+    **kwargs: Quiver's own settings (max_resp_len, overlong_buffer_cfg, timeout_s) are not forced on it; what
+    reward_model.reward_kwargs names still is."""
+    from verl.workers.reward_manager import register
+    from verl.workers.reward_manager.registry import REWARD_MANAGER_REGISTRY
+
+    @register("verl_style_test")
+    class VerlStyle:
+        def __init__(self, tokenizer, num_examine, compute_score=None, reward_fn_key="data_source", scale=1.0):
+            self.compute_score, self.reward_fn_key, self.scale = compute_score, reward_fn_key, scale
+
+    def config(reward_kwargs):
+        return OmegaConf.create({"reward_model": {"reward_manager": "verl_style_test", "reward_kwargs": reward_kwargs},
+                                 "data": {"reward_fn_key": "data_source", "max_response_length": 8}})
+
+    try:
+        manager = load_reward_manager(config({"scale": 2.0}), CharTokenizer(), num_examine=0)
+        assert isinstance(manager, VerlStyle) and manager.scale == 2.0 and manager.reward_fn_key == "data_source"
+        with pytest.raises(TypeError, match="unexpected keyword argument 'typo'"):  # the user's own keys still go
+            load_reward_manager(config({"typo": 1}), CharTokenizer(), num_examine=0)
+    finally:
+        REWARD_MANAGER_REGISTRY.pop("verl_style_test")
+
+
 def test_a_manager_declares_the_reward_model_keys_it_takes():
     from verl.workers.reward_manager import ProbRewardManager
 

@@ -8,7 +8,6 @@ prompts -> rollout -> reward -> old (and reference) log-probs -> values (with a 
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import time
 import uuid
@@ -29,6 +28,7 @@ from verl.trainer.ppo.guards import SkippedStepGuard, check_reward_failures
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.utils.callables import accepted_keywords
 from verl.utils.checkpoint.checkpoint_manager import (
     atomic_step_dir,
     checkpoint_step,
@@ -97,10 +97,7 @@ def compute_advantage(data: DataProto, adv_estimator: str, gamma: float = 1.0, l
                 "rollout_is_weights"):
         if key in data.batch:
             available[key] = data.batch[key]
-    params = inspect.signature(fn).parameters
-    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in available.items() if takes_all or k in params}
-    advantages, returns = fn(**kwargs)
+    advantages, returns = fn(**accepted_keywords(fn, available))
     data.batch["advantages"], data.batch["returns"] = advantages, returns
     return data
 

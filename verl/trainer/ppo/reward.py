@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import inspect
 import json
 import os
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.callables import accepted_keywords, takes_keyword
 from verl.utils.config import ConfigError
 from verl.utils.preflight import GENERATIVE_SUFFIXES
 from verl.utils.reward_score import default_compute_score
@@ -71,9 +71,7 @@ def check_served_reward_model(config: Any) -> None:
                         "custom_reward_function.path is not set: point it at a function that calls the server at "
                         "reward_router_address (verl/utils/reward_score/judge_reward.py grades with it as a judge)")
     else:
-        parameters = inspect.signature(fn).parameters
-        if "reward_router_address" not in parameters and not any(
-                p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        if not takes_keyword(fn, "reward_router_address"):
             problems.append(f"custom_reward_function.path={config.custom_reward_function.path}: its function takes "
                             "no reward_router_address (nor **kwargs), so it cannot reach the served reward model "
                             f"of reward_model.rollout.name={name}")
@@ -135,7 +133,10 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, is_eval: 
         defaults.update(manager_cls.config_kwargs(config))
     if reward_model.get("enable") and reward_server is None and _section(config, "custom_reward_function").get("path"):
         defaults["rm_score_in_extra_info"] = True
-    manager_kwargs = {**defaults, **kwargs, **dict(reward_model.get("reward_kwargs") or {})}
+    # Quiver's own settings go to a manager that takes them (a verl manager copied into a user's module may not);
+    # what the caller and reward_model.reward_kwargs give goes as it is.
+    manager_kwargs = {**accepted_keywords(manager_cls, defaults), **kwargs,
+                      **dict(reward_model.get("reward_kwargs") or {})}
     return manager_cls(
         tokenizer=tokenizer,
         num_examine=num_examine,
