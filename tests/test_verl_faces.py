@@ -12,13 +12,13 @@ import os
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from json_stub import JsonStub
 
 from verl.workers.tools.openai_tools import load_all_tools
 
@@ -177,59 +177,42 @@ def test_a_data_script_shaped_like_verls_gsm8k_writes_parquet_and_copies_it(tmp_
 
 
 # ---------------------------------------------------------------------------------------------- Search-R1 client
-class RetrievalServer(BaseHTTPRequestHandler):
-    """A Search-R1 retrieval server answering from `hits`; `failures` 503 answers come first."""
+def retrieval(failures: int = 0, status: int = 200):
+    """A Search-R1 retrieval server's answer to `/retrieve`: `failures` 503 answers first, then `status`, whose 200
+    gives `topk` hits per query."""
+    left = [failures]
 
-    requests: list = []
-    failures = 0
-    status = 200
-
-    def do_POST(self):
-        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).requests.append(payload)
-        if type(self).failures:
-            type(self).failures -= 1
-            self.send_error(503)
-            return
-        if type(self).status != 200:
-            self.send_error(type(self).status)
-            return
-        result = [[{"document": {"contents": f"{query} page {k}\nabout {query}, part {k}"}, "score": 1.0 / k}
-                   for k in range(1, payload["topk"] + 1)] for query in payload["queries"]]
-        body = json.dumps({"result": result}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+    def answer(path, payload):
+        if left[0]:
+            left[0] -= 1
+            return 503, None
+        if status != 200:
+            return status, None
+        return 200, {"result": [[{"document": {"contents": f"{query} page {k}\nabout {query}, part {k}"},
+                                  "score": 1.0 / k} for k in range(1, payload["topk"] + 1)]
+                                for query in payload["queries"]]}
+    return answer
 
 
 @pytest.fixture
-def retrieval_url(monkeypatch):
+def retrieval_stub(monkeypatch):
     from verl.tools.utils import search_r1_like_utils
 
     monkeypatch.setattr(search_r1_like_utils, "RETRY_DELAY_S", 0.0)
-    RetrievalServer.requests, RetrievalServer.failures, RetrievalServer.status = [], 0, 200
-    server = ThreadingHTTPServer(("127.0.0.1", 0), RetrievalServer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/retrieve"
-    server.shutdown()
-    server.server_close()
+    with JsonStub(retrieval()) as stub:
+        yield stub
 
 
-def test_the_search_r1_client_writes_the_hits_as_verls_search_tool_returns_them(retrieval_url):
+def test_the_search_r1_client_writes_the_hits_as_verls_search_tool_returns_them(retrieval_stub):
     from verl.tools.utils.search_r1_like_utils import perform_single_search_batch
 
-    RetrievalServer.failures = 1  # a 503 is retried
+    retrieval_stub.answer = retrieval(failures=1)  # a 503 is retried
     semaphore = threading.Semaphore(1)
-    text, metadata = perform_single_search_batch(retrieval_url, ["paris", "rome"], topk=2,
+    text, metadata = perform_single_search_batch(f"{retrieval_stub.url}/retrieve", ["paris", "rome"], topk=2,
                                                  concurrent_semaphore=semaphore)
-    assert RetrievalServer.requests[-1] == {"queries": ["paris", "rome"], "topk": 2, "return_scores": True}
-    assert len(RetrievalServer.requests) == 2
+    assert retrieval_stub.requests[-1] == ("/retrieve", {"queries": ["paris", "rome"], "topk": 2,
+                                                         "return_scores": True})
+    assert len(retrieval_stub.requests) == 2
     expected = ("Doc 1 (Title: paris page 1)\nabout paris, part 1\n\nDoc 2 (Title: paris page 2)\nabout paris, part 2"
                 "\n---\nDoc 1 (Title: rome page 1)\nabout rome, part 1\n\nDoc 2 (Title: rome page 2)\n"
                 "about rome, part 2")
@@ -238,13 +221,13 @@ def test_the_search_r1_client_writes_the_hits_as_verls_search_tool_returns_them(
     assert metadata["formatted_result"] == expected and metadata["api_request_error"] is None
 
 
-def test_a_failed_search_is_a_result_text_not_an_exception(retrieval_url, monkeypatch):
+def test_a_failed_search_is_a_result_text_not_an_exception(retrieval_stub, monkeypatch):
     from verl.tools.utils import search_r1_like_utils
     from verl.tools.utils.search_r1_like_utils import perform_single_search_batch
 
-    RetrievalServer.status = 404  # not retried
-    text, metadata = perform_single_search_batch(retrieval_url, ["paris"])
-    assert len(RetrievalServer.requests) == 1 and metadata["status"] == "api_error"
+    retrieval_stub.answer = retrieval(status=404)  # not retried
+    text, metadata = perform_single_search_batch(f"{retrieval_stub.url}/retrieve", ["paris"])
+    assert len(retrieval_stub.requests) == 1 and metadata["status"] == "api_error"
     assert json.loads(text)["result"].startswith("Search error: API Call Failed: HTTP 404")
 
     monkeypatch.setattr(search_r1_like_utils, "MAX_ATTEMPTS", 2)

@@ -3,10 +3,9 @@ local stub on 127.0.0.1 that speaks the run_code protocol and runs what it gets 
 
 import base64
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from json_stub import JsonStub
 
 from verl.trainer.ppo.reward import default_score_fn
 from verl.utils.reward_score import code
@@ -18,71 +17,58 @@ RIGHT = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
 WRONG = "```python\na, b = map(int, input().split())\nprint(a - b)\n```"
 
 
-class StubSandboxFusion(BaseHTTPRequestHandler):
-    requests: list[dict] = []
-    mode = "run"  # run | http_500 | sandbox_error | time_limit
-
-    def do_POST(self):
-        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        StubSandboxFusion.requests.append({"path": self.path, **payload})
-        if self.mode == "http_500":
-            self.send_response(500)
-            self.end_headers()
-            return
-        if self.mode == "sandbox_error":
-            answer = {"status": "SandboxError", "message": "no worker"}
-        elif self.mode == "time_limit":
-            answer = {"status": "Failed", "run_result": {"status": "TimeLimitExceeded", "return_code": None,
-                                                           "stdout": "", "stderr": "", "execution_time": 1.0}}
-        else:
-            files = {name: base64.b64decode(text).decode() for name, text in payload["files"].items()}
-            run = run_python(payload["code"], files=files,
-                             limits=SandboxLimits(wall_time_s=payload["run_timeout"], memory_mb=payload["memory_limit_MB"]))
-            answer = {"status": "Success" if run.ok else "Failed",
-                      "run_result": {"status": "TimeLimitExceeded" if run.status == "timeout" else "Finished",
-                                     "return_code": run.returncode, "stdout": run.stdout, "stderr": run.stderr,
-                                     "execution_time": run.wall_time_s}}
-        body = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+def run_code(mode: str):
+    """The stub's answer to a run_code request in `mode`: run (in Quiver's own sandbox) | http_500 | sandbox_error |
+    time_limit."""
+    def answer(path, payload):
+        if mode == "http_500":
+            return 500, None
+        if mode == "sandbox_error":
+            return 200, {"status": "SandboxError", "message": "no worker"}
+        if mode == "time_limit":
+            return 200, {"status": "Failed", "run_result": {"status": "TimeLimitExceeded", "return_code": None,
+                                                              "stdout": "", "stderr": "", "execution_time": 1.0}}
+        files = {name: base64.b64decode(text).decode() for name, text in payload["files"].items()}
+        run = run_python(payload["code"], files=files,
+                         limits=SandboxLimits(wall_time_s=payload["run_timeout"], memory_mb=payload["memory_limit_MB"]))
+        return 200, {"status": "Success" if run.ok else "Failed",
+                     "run_result": {"status": "TimeLimitExceeded" if run.status == "timeout" else "Finished",
+                                    "return_code": run.returncode, "stdout": run.stdout, "stderr": run.stderr,
+                                    "execution_time": run.wall_time_s}}
+    return answer
 
 
 @pytest.fixture()
-def server(monkeypatch):
-    StubSandboxFusion.requests, StubSandboxFusion.mode = [], "run"
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), StubSandboxFusion)
-    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+def stub(monkeypatch):
     # Every run must go to the server: the local sandbox is not used by the reward itself.
     monkeypatch.setattr(code, "run_python", lambda *a, **k: pytest.fail("the local sandbox ran"))
-    yield f"http://127.0.0.1:{httpd.server_port}"
-    httpd.shutdown()
-    httpd.server_close()
+    with JsonStub(run_code("run")) as server:
+        yield server
 
 
-def test_the_code_reward_grades_through_the_server(server):
+@pytest.fixture()
+def server(stub):
+    return stub.url
+
+
+def test_the_code_reward_grades_through_the_server(server, stub):
     assert code.compute_score(RIGHT, ADD, sandbox_fusion_url=server)["score"] == 1.0
     wrong = code.compute_score(WRONG, ADD, sandbox_fusion_url=server)
     assert wrong["score"] == 0.0 and wrong["reward_status"] == "wrong_answer"
-    request = StubSandboxFusion.requests[0]
-    assert request["path"] == "/run_code" and request["language"] == "python"
+    path, request = stub.requests[0]
+    assert path == "/run_code" and request["language"] == "python"
     assert set(request["files"]) == {"solution.py", "tests.json"}
 
 
-def test_the_trainer_binds_the_url_from_the_config(server):
+def test_the_trainer_binds_the_url_from_the_config(server, stub):
     score = default_score_fn({"reward_model": {"sandbox_fusion": {"url": server}}})
-    assert score("code", RIGHT, ADD)["score"] == 1.0 and len(StubSandboxFusion.requests) == 1
+    assert score("code", RIGHT, ADD)["score"] == 1.0 and len(stub.requests) == 1
 
 
 @pytest.mark.parametrize("mode, status", [("http_500", "sandbox_error"), ("sandbox_error", "sandbox_error"),
                                           ("time_limit", "timeout")])
-def test_server_failures_become_statuses_not_exceptions(server, mode, status):
-    StubSandboxFusion.mode = mode
+def test_server_failures_become_statuses_not_exceptions(server, stub, mode, status):
+    stub.answer = run_code(mode)
     assert run_python_remote(server, "print(1)", SandboxLimits(wall_time_s=5)).status == status
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+from json_stub import JsonStub
 
 from verl.utils.reward_score import (
     archer,
@@ -297,42 +296,27 @@ def test_prime_code_details_and_non_continuous():
 # ------------------------------------------------------------------ sandbox_fusion (a stub server on 127.0.0.1)
 
 
-class StubServer(BaseHTTPRequestHandler):
-    requests: list[dict] = []
-
-    def do_POST(self):
-        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        StubServer.requests.append(payload)
-        files = {name: base64.b64decode(text).decode() for name, text in payload["files"].items()}
-        run = run_python(payload["code"], stdin=payload.get("stdin") or "", files=files,
-                         limits=SandboxLimits(wall_time_s=payload["run_timeout"]))
-        answer = {"status": "Success" if run.ok else "Failed",
-                  "run_result": {"status": "Finished", "return_code": run.returncode, "stdout": run.stdout,
-                                 "stderr": run.stderr, "execution_time": run.wall_time_s}}
-        body = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+def run_code(path, payload):
+    """A SandboxFusion server's answer: the program run in Quiver's own sandbox."""
+    files = {name: base64.b64decode(text).decode() for name, text in payload["files"].items()}
+    run = run_python(payload["code"], stdin=payload.get("stdin") or "", files=files,
+                     limits=SandboxLimits(wall_time_s=payload["run_timeout"]))
+    return 200, {"status": "Success" if run.ok else "Failed",
+                 "run_result": {"status": "Finished", "return_code": run.returncode, "stdout": run.stdout,
+                                "stderr": run.stderr, "execution_time": run.wall_time_s}}
 
 
 @pytest.fixture()
-def server():
-    StubServer.requests = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), StubServer)
-    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_port}"
-    httpd.shutdown()
-    httpd.server_close()
+def stub():
+    with JsonStub(run_code) as server:
+        yield server
 
 
-def test_sandbox_fusion_rule(server):
+def test_sandbox_fusion_rule(stub):
+    server = stub.url
     half = fenced("n = int(input())\ns = sum(map(int, input().split()))\nprint(max(s, 0))")
     assert default_compute_score("codecontests", half, SUM, sandbox_fusion_url=server) == pytest.approx(2 / 3)
-    assert sorted(r["stdin"] for r in StubServer.requests) == ["1\n-4\n", "2\n5 5\n", "3\n1 2 3\n"]  # one per test
+    assert sorted(r["stdin"] for r in stub.payloads) == ["1\n-4\n", "2\n5 5\n", "3\n1 2 3\n"]  # one per test
     score, passed = sandbox_fusion.compute_score(server, None, None, "```cpp\nprint(6)\n```", SUM)
     assert (score, passed) == (pytest.approx(1 / 3), [True, False, False])  # a bare-word first line is a tag
     assert sandbox_fusion.compute_score(server, None, None, "print(6)", SUM) == (0.0, [])  # no fence
