@@ -180,8 +180,7 @@ def run_generation(config: DictConfig) -> dict[str, dict[str, float]]:
         model_path=os.path.expanduser(config.model.path), tokenizer=tokenizer, config=rollout, device=device,
         seed=rollout.seed, load_module=lambda: load_model(config.model, device), weights_follow=False,
         trust_remote_code=config.model.trust_remote_code)
-    params = SamplingParams(n=n_samples, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                            max_tokens=rollout.response_length, do_sample=rollout.do_sample)
+    params = SamplingParams.of_rollout(rollout, n=n_samples)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=config.reward_model.num_examine, is_eval=True)
     agent_loop = build_agent_loop(engine, tokenizer, rollout) if uses_agent_loop(rollout) else None
     # mode=async: verl's per-sample agent loops (each prompt repeated n times, one loop per sample).

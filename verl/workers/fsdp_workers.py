@@ -414,17 +414,8 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------------------------------- generation
     def _sampling_params(self, meta_info: dict) -> SamplingParams:
-        rollout = self.config.rollout
-        params = dict(n=1, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
-                      max_tokens=rollout.response_length, do_sample=rollout.do_sample,
-                      stop=list(rollout.stop) or None, stop_token_ids=list(rollout.stop_token_ids) or None)
-        if meta_info.get("validate"):
-            val = rollout.val_kwargs
-            params.update(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k, do_sample=val.do_sample)
-        for key in ("temperature", "top_p", "top_k", "do_sample", "max_tokens"):
-            if key in meta_info:
-                params[key] = meta_info[key]
-        return SamplingParams(**params)
+        return SamplingParams.of_rollout(self.config.rollout, validate=bool(meta_info.get("validate")),
+                                         overrides=meta_info)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:

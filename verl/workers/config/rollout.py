@@ -30,6 +30,12 @@ def tool_result_limit(rollout: Any, verl_loop: bool) -> int | None:
     return VERL_TOOL_RESPONSE_CHARS if limit is None and verl_loop else limit
 
 
+def branch_seed(seed: int | None, rank: int) -> int | None:
+    """The seed of one rank's ARPO/AEPO branching draws, in either tool loop: `rollout.seed` moved by the rank, so
+    that ranks draw differently; None (an unseeded run) stays None."""
+    return None if seed is None else seed + 1_000_003 * rank
+
+
 @config_section(ROLLOUT)
 class BranchingConfig(Section):
     """The ARPO / AEPO knobs (formulas in verl/workers/rollout/agent_loop.py). initial_rollouts None = rollout.n."""

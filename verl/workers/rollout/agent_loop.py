@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from verl.utils.torch_functional import pad_2d_list_to_tensor
-from verl.workers.config.rollout import BranchingConfig, tool_result_limit
+from verl.workers.config.rollout import BranchingConfig, branch_seed, tool_result_limit
 from verl.workers.rollout.base import (
     CompletionOutput,
     RolloutEngine,
@@ -353,7 +353,7 @@ def build_agent_loop(engine: RolloutEngine, tokenizer, rollout_config: Any, rank
     seed = rollout_config.get("seed")
     multi_turn = rollout_config.get("multi_turn") or {}
     return AgentLoop(engine, tokenizer, tools, BranchingConfig.from_rollout_config(rollout_config),
-                     seed=None if seed is None else seed + 1_000_003 * rank, call_format=multi_turn.get("format"),
+                     seed=branch_seed(seed, rank), call_format=multi_turn.get("format"),
                      max_assistant_turns=multi_turn.get("max_assistant_turns"),
                      max_tool_response_length=tool_result_limit(rollout_config, verl_loop=False),
                      tool_response_truncate_side=multi_turn.get("tool_response_truncate_side") or "middle")

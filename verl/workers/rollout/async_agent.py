@@ -463,11 +463,11 @@ class AgentLoopManager:
         if agent.get("agent_loop_config_path"):
             load_agent_loop_config(agent.agent_loop_config_path)
         agent_loop_class(self.default_agent_loop)  # a misspelled default fails at start-up, not at the first step
-        from verl.workers.config.rollout import BranchingConfig
+        from verl.workers.config.rollout import BranchingConfig, branch_seed
 
         self.branching = BranchingConfig.from_rollout_config(rollout)
         self.branching.beam_size = int(self.branching.beam_size)
-        self.seed = (rollout.get("seed") or 0) + 1_000_003 * rank  # the branching draws differ across ranks
+        self.seed = branch_seed(rollout.get("seed"), rank)
         self.calls = 0
 
     def generate_sequences(self, prompts, params: SamplingParams, response_length: int, pad_token_id: int,

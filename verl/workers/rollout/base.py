@@ -65,6 +65,25 @@ class SamplingParams:
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature == 0
 
+    @classmethod
+    def of_rollout(cls, rollout: Any, n: int = 1, validate: bool = False,
+                   overrides: dict[str, Any] | None = None) -> SamplingParams:
+        """The sampling a rollout config asks for (training's `actor_rollout_ref.rollout`, generation's `rollout`):
+        its temperature, top-p, top-k, do_sample, stop strings and stop token ids, `response_length` tokens at most;
+        with `validate`, `val_kwargs`' temperature, top-p, top-k and do_sample; then `overrides` (a call's
+        meta_info: temperature, top_p, top_k, do_sample, max_tokens)."""
+        params = dict(n=n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                      max_tokens=rollout.response_length, do_sample=rollout.do_sample,
+                      stop=list(rollout.get("stop") or []) or None,
+                      stop_token_ids=list(rollout.get("stop_token_ids") or []) or None)
+        if validate:
+            val = rollout.val_kwargs
+            params.update(temperature=val.temperature, top_p=val.top_p, top_k=val.top_k, do_sample=val.do_sample)
+        for key in ("temperature", "top_p", "top_k", "do_sample", "max_tokens"):
+            if key in (overrides or {}):
+                params[key] = overrides[key]
+        return cls(**params)
+
 
 @dataclass
 class CompletionOutput:
