@@ -3,9 +3,10 @@
 `CharTokenizer`: one token per character (code point + 1), 0 is EOS. `ScriptedEngine(script)`: for each request the
 text after the prompt's "|" is the response so far, and `script(prompt, response)` returns the next segment, or
 (segment, per-token entropy); a segment ending in "$" finishes with EOS, one ending in one of the request's stop
-strings stops there, `max_tokens` truncates. With `logprobs=k` every token gets two top log-probs of log(1/2). It
-records every request (`requests`: (ids, params)) and the size of every engine call (`calls`). Tests import it as
-`from scripted_engine import ...` (pytest puts tests/ on sys.path through its conftest).
+strings stops there, `max_tokens` truncates; `n` gives that completion n times. With `logprobs=k` every token gets
+two top log-probs of log(1/2). It records every request (`requests`: (ids, params)) and the size of every engine call
+(`calls`). Tests import it as `from scripted_engine import ...` (pytest puts tests/ on sys.path through its
+conftest).
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ class ScriptedEngine(RolloutEngine):
             if len(tokens) > p.max_tokens:
                 tokens, finish, stop = tokens[: p.max_tokens], "length", None
             top = [[math.log(0.5), math.log(0.5)]] * len(tokens) if p.logprobs else None
-            outputs.append([CompletionOutput(tokens, [-0.5] * len(tokens), [entropy] * len(tokens), finish, stop,
-                                             top)])
+            outputs.append([CompletionOutput(list(tokens), [-0.5] * len(tokens), [entropy] * len(tokens), finish,
+                                             stop, top) for _ in range(p.n)])
         return outputs
 
     def update_weights(self, named_tensors):

@@ -31,7 +31,6 @@ import json
 import os
 import re
 import sys
-from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -151,15 +150,8 @@ def run_generation(config: DictConfig) -> dict[str, dict[str, float]]:
     """Generate, score, write the output parquet and the metrics JSON; return the metrics (see module docstring)."""
     from verl.trainer.ppo.reward import compute_reward, load_reward_manager
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
-    from verl.workers.rollout.agent_loop import build_agent_loop
-    from verl.workers.rollout.async_agent import build_agent_loop_manager
-    from verl.workers.rollout.base import (
-        SamplingParams,
-        generate_sequences,
-        get_rollout_cls,
-        uses_agent_loop,
-        uses_async_agent,
-    )
+    from verl.workers.rollout.base import SamplingParams, get_rollout_cls
+    from verl.workers.rollout.generation import build_generator, generation_mode
 
     try:  # first, so that an engine the user's module registers passes the check
         import_external_libs(config.model.external_lib, key="model.external_lib")
@@ -182,10 +174,9 @@ def run_generation(config: DictConfig) -> dict[str, dict[str, float]]:
         trust_remote_code=config.model.trust_remote_code)
     params = SamplingParams.of_rollout(rollout, n=n_samples)
     reward_fn = load_reward_manager(config, tokenizer, num_examine=config.reward_model.num_examine, is_eval=True)
-    agent_loop = build_agent_loop(engine, tokenizer, rollout) if uses_agent_loop(rollout) else None
-    # mode=async: verl's per-sample agent loops (each prompt repeated n times, one loop per sample).
-    agent_loops = (build_agent_loop_manager(engine, tokenizer, OmegaConf.create({"rollout": OmegaConf.to_container(rollout, resolve=True)}))
-                   if uses_async_agent(rollout) else None)
+    mode = generation_mode(rollout)
+    generator = build_generator(engine, tokenizer, OmegaConf.create({"rollout": OmegaConf.to_container(
+        rollout, resolve=True)}), rank=0, mode=mode)
     tool_calls = []
 
     responses, scores, sources, prompt_ids = [], [], [], []
@@ -193,18 +184,7 @@ def run_generation(config: DictConfig) -> dict[str, dict[str, float]]:
     for start in tqdm(starts, desc=f"generating {n_samples} x {len(dataset)} prompts", unit="batch"):
         items = range(start, min(start + data.batch_size, len(dataset)))
         prompts = DataProto.from_single_dict(collate_fn([dataset[i] for i in items]))
-        if agent_loop is not None:
-            output = agent_loop.generate_sequences(prompts, n_samples, params, rollout.response_length,
-                                                   pad_token_id=dataset.pad_token_id, branching=False)
-        elif agent_loops is not None:
-            repeated = prompts.repeat(n_samples, interleave=True)
-            output = agent_loops.generate_sequences(repeated, replace(params, n=1), rollout.response_length,
-                                                    pad_token_id=dataset.pad_token_id)
-            for key, values in repeated.non_tensor_batch.items():  # the scorer reads the data's columns
-                output.non_tensor_batch.setdefault(key, values)
-        else:
-            output = generate_sequences(engine, prompts, params, response_length=rollout.response_length,
-                                        pad_token_id=dataset.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        output = generator.generate(prompts, params, n=n_samples, validate=True)
         reward_tensor, _ = compute_reward(output, reward_fn)
         batch_scores = reward_tensor.sum(-1).tolist()
         # The whole response as the scorer saw it: with the agent loop, tool results (attended, not trained) too.
@@ -220,12 +200,11 @@ def run_generation(config: DictConfig) -> dict[str, dict[str, float]]:
         prompt_ids.extend(item for item in items for _ in range(n_samples))
 
     metrics = compute_eval_metrics(sources, prompt_ids, [s for group in scores for s in group], n_samples)
-    if agent_loop is not None or agent_loops is not None:
+    if mode != "plain":
         for source, row in metrics.items():
             calls = [c for c, s in zip(tool_calls, sources) if source in (s, ALL_SOURCES)]
             row["tool_calls_per_response"] = float(np.mean(calls))
-        if agent_loop is not None and agent_loop.tools is not None:
-            agent_loop.tools.close()
+    generator.close()
     output_path = os.path.expanduser(data.output_path)
     os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
     pq.write_table(_output_table(dataset, responses, scores), output_path)

@@ -101,6 +101,12 @@ class RunPlan:
     sized_by_memory: tuple[tuple[str, int], ...] = ()
 
     @property
+    def generation(self) -> str:
+        """How the ranks generate (verl/workers/rollout/generation.py): agent_loops (verl's, mode=async), tool_rounds
+        (the seeds' tool loop) or plain sampling."""
+        return "agent_loops" if self.async_agent else "tool_rounds" if self.agent_loop else "plain"
+
+    @property
     def actor_dp(self) -> int:
         """Data-parallel groups of the actor's and reference's passes (each of `sequence_parallel` ranks)."""
         return self.n_ranks // self.sequence_parallel

@@ -40,9 +40,8 @@ from verl.utils.run_plan import RunPlan
 from verl.utils.torch_functional import tensor_checksum
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
-from verl.workers.rollout.agent_loop import build_agent_loop
-from verl.workers.rollout.async_agent import build_agent_loop_manager
-from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
+from verl.workers.rollout.base import SamplingParams, get_rollout_cls
+from verl.workers.rollout.generation import build_generator
 from verl.workers.rollout.shared import NodeSharedEngine
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
@@ -378,12 +377,9 @@ class ActorRolloutRefWorker(Worker):
                     trust_remote_code=model_cfg.trust_remote_code,
                     hf_overrides=OmegaConf.to_container(model_cfg.override_config, resolve=True))
             self.rollout = NodeSharedEngine(engine, torch.get_num_threads() * self.world_size) if shared else engine
-            self.agent_loop = None  # on a shared engine, only rank 0 runs the loops (and their tools)
-            if plan.agent_loop and engine is not None:
-                self.agent_loop = build_agent_loop(self.rollout, self.tokenizer, self.config.rollout, self.rank)
-            self.agent_loops = None
-            if plan.async_agent and engine is not None:
-                self.agent_loops = build_agent_loop_manager(self.rollout, self.tokenizer, self.config, self.rank)
+            # On a shared engine only rank 0 runs the tool loops (and their tools); the other ranks sample plainly.
+            mode = plan.generation if engine is not None else "plain"
+            self.generator = build_generator(self.rollout, self.tokenizer, self.config, self.rank, mode)
             if self._is_actor:
                 self._sync_rollout_weights()
 
@@ -436,20 +432,9 @@ class ActorRolloutRefWorker(Worker):
     def _generate_for_group(self, batches: list[DataProto]) -> list[DataProto]:
         """Generate for the prompt batches of a tensor-parallel group at once; one output batch per input batch."""
         prompts = DataProto.concat(batches) if len(batches) > 1 else batches[0]
-        params = self._sampling_params(prompts.meta_info)
-        length = self.config.rollout.response_length
-        if self.agent_loop is not None:
-            output = self.agent_loop.generate_sequences(
-                prompts, n=prompts.meta_info.get("n", 1), params=params, response_length=length,
-                pad_token_id=self.tokenizer.pad_token_id, branching=not prompts.meta_info.get("validate", False))
-        elif self.agent_loops is not None:  # with meta_info["n"] (ARPO's branching) a prompt's n come together
-            output = self.agent_loops.generate_sequences(
-                prompts, params, response_length=length, pad_token_id=self.tokenizer.pad_token_id,
-                n=prompts.meta_info.get("n"), branching=not prompts.meta_info.get("validate", False))
-        else:
-            output = generate_sequences(self.rollout, prompts, params, response_length=length,
-                                        pad_token_id=self.tokenizer.pad_token_id,
-                                        eos_token_id=self.tokenizer.eos_token_id)
+        meta = prompts.meta_info
+        output = self.generator.generate(prompts, self._sampling_params(meta), n=meta.get("n", 1),
+                                         validate=bool(meta.get("validate", False)))
         if len(batches) == 1:
             return [output]
         per_prompt = len(output) // len(prompts)  # outputs keep their prompt's order, n adjacent rows each

@@ -633,7 +633,8 @@ class AgentLoopManager:
         padded = DataProto.from_dict(
             tensors={"input_ids": prompt_ids.to(device), "attention_mask": prompt_mask.to(device),
                      "position_ids": compute_position_id_with_mask(prompt_mask).to(device)},
-            non_tensors={"raw_prompt_ids": [list(r.prompt_ids) for r in results]}, meta_info=dict(prompts.meta_info))
+            non_tensors={**prompts.non_tensor_batch, "raw_prompt_ids": [list(r.prompt_ids) for r in results]},
+            meta_info=dict(prompts.meta_info))
 
         def pad(rows, value, dtype):
             return pad_2d_list_to_tensor(rows, value, max_length=response_length, dtype=dtype).to(device)
