@@ -26,7 +26,7 @@ What is measured, per rank, from its resident set size (RSS):
 The children run with MALLOC_MMAP_THRESHOLD_=65536, so that glibc returns every freed tensor of 64 KiB or more to the
 system and the RSS follows what is alive (otherwise freed memory the allocator keeps would hide part of the growth).
 
-The estimate (`verl/utils/memory_estimate.estimate_ppo_memory`, same config and plan) is shown the same way: growth =
+The estimate (`verl/utils/memory/estimate.estimate_ppo_memory`, same config and plan) is shown the same way: growth =
 the phase's parts beyond what the process holds between calls (update: the larger of update_actor and
 optimizer_step; reference: ref), peak = those plus the parts this process holds (its model, its optimizer, one
 process). Cases the CPU cannot measure are estimated only: the CUDA rows (activation offload: on the CPU the saved
@@ -146,7 +146,7 @@ def estimated(case, config, plan, shape) -> dict[str, int]:
     """The memory estimate's bytes per rank, counted as the measurement counts them: growth of the forward and
     backward pass (phase update_actor, or ref), of the optimizer step (optimizer_step), and the peak with what
     this process holds between calls (its model, its optimizer, one process)."""
-    from verl.utils.memory_estimate import estimate_ppo_memory
+    from verl.trainer.ppo.memory_check import estimate_ppo_memory
 
     phases = estimate_ppo_memory(config, plan, {"actor": shape}).phases
     between_calls = set.intersection(*(set(parts) for parts in phases.values()))  # held in every phase
@@ -206,7 +206,7 @@ def run_rank(rank: int, case, config, plan, model_dir: str, args: dict, port: in
 
     from verl.utils.fsdp_utils import fsdp_mesh, shard_model
     from verl.workers.actor.dp_actor import DataParallelPPOActor
-    from verl.workers.fsdp_workers import optimizer_from_config, sequence_parallel_group
+    from verl.workers.rank_utils import optimizer_from_config, sequence_parallel_group
 
     world = case.ranks
     if world > 1:
@@ -226,13 +226,13 @@ def run_rank(rank: int, case, config, plan, model_dir: str, args: dict, port: in
             if arr.model.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             module = shard_model(model, mesh, "cpu", arr.actor.fsdp_config, compute_dtype=plan.compute_dtype)
-            optimizer, _ = optimizer_from_config(module, arr.actor.optim)
+            optimizer, _ = optimizer_from_config(module, arr.actor.optim, None)
             actor = DataParallelPPOActor(arr.actor, module, optimizer, batches=plan.actor_update, **levers)
             rows = plan.actor_update.mini_batch
         else:
             model.requires_grad_(False)
             module = shard_model(model, mesh, "cpu", arr.ref.fsdp_config, compute_dtype=plan.ref_compute_dtype)
-            actor = DataParallelPPOActor(arr.ref, module, **levers)
+            actor = DataParallelPPOActor(arr.ref, module, log_prob=plan.ref_log_prob, **levers)
             rows = args["sequences"]
 
         vocab, temperature = model.config.vocab_size, arr.rollout.temperature
@@ -241,7 +241,6 @@ def run_rank(rank: int, case, config, plan, model_dir: str, args: dict, port: in
         def call(data):
             if update:
                 return actor.update_policy(data)
-            data.meta_info.update(micro_batch_size=plan.ref_log_prob.size, use_dynamic_bsz=False)
             return actor.compute_log_prob(data, calculate_entropy=False)
 
         call(batch(rows, 4, 4, vocab, seed, temperature, case.kind))  # allocates the optimizer state
@@ -306,7 +305,7 @@ def main() -> None:
     import psutil
 
     from verl.trainer.ppo.run_plan import plan_run
-    from verl.utils.memory_estimate import read_model_shape
+    from verl.utils.memory import read_model_shape
 
     args = parse_args()
     cases = [c for c in CASES if c.ranks <= args.ranks and (not args.cases or c.name in args.cases)]

@@ -152,7 +152,8 @@ def run_engine(args: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl.workers.rollout.base import SamplingParams, get_rollout_cls
+    from verl.workers.rollout.base import SamplingParams
+    from verl.workers.rollout.registry import get_rollout_cls
 
     if args.engine == "generate":
         return run_generate(args)

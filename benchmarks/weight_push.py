@@ -39,8 +39,8 @@ def _rank(rank: int, args: argparse.Namespace, port: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from verl.utils import weight_gather
     from verl.utils.fsdp_utils import shard_model
-    from verl.workers import fsdp_workers
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.ranks)
@@ -52,15 +52,15 @@ def _rank(rank: int, args: argparse.Namespace, port: int) -> None:
     engine = Qwen2ForCausalLM(config)
     targets = dict(engine.named_parameters(remove_duplicate=False))
     targets.update(engine.named_buffers(remove_duplicate=False))
-    shipped = fsdp_workers.BUCKET_BYTES
+    shipped = weight_gather.BUCKET_BYTES
     seconds: dict[str, list[float]] = {"buckets": [], "per tensor": []}
     results = {}
     for repeat in range(args.repeats + 1):  # the first round warms up
         for label, bucket in (("buckets", shipped), ("per tensor", 0)):
-            fsdp_workers.BUCKET_BYTES = bucket
+            weight_gather.BUCKET_BYTES = bucket
             dist.barrier()
             start = time.perf_counter()
-            fsdp_workers.gather_state_dict_into(model, targets)
+            weight_gather.gather_state_dict_into(model, targets)
             if repeat:
                 seconds[label].append(time.perf_counter() - start)
             results[label] = {k: v.clone() for k, v in engine.state_dict().items()}

@@ -1,5 +1,5 @@
 """One rank's memory in each phase of a GRPO step at a real model's shape, measured beside the memory estimate's
-figure for the same config: the check that the estimate (verl/utils/memory_estimate.py) holds where the tests' tiny
+figure for the same config: the check that the estimate (verl/utils/memory/estimate.py) holds where the tests' tiny
 model cannot show it (a 151,936-token vocabulary, vLLM's CPU engine).
 
     .venv/bin/python benchmarks/worker_memory.py                  # Qwen2.5-0.5B's shape, vLLM-CPU, ~6 min
@@ -47,7 +47,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     from verl.demo.tiny_model import build_tiny_model
     from verl.trainer.config import load_config
-    from verl.utils.memory_estimate import estimate_ppo_memory
+    from verl.trainer.ppo.memory_check import estimate_ppo_memory
 
     model_dir = args.model_dir or tempfile.mkdtemp(prefix="worker_memory_")
     if os.path.exists(os.path.join(model_dir, "config.json")):

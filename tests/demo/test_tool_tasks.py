@@ -67,7 +67,7 @@ def test_row_schema():
 
 
 def test_result_block_is_what_the_agent_loop_appends():
-    from verl.workers.rollout.agent_loop import RESULT_TEMPLATE
+    from verl.workers.rollout.tool_rounds import RESULT_TEMPLATE
 
     assert result_block("42") == RESULT_TEMPLATE.format("42")
 

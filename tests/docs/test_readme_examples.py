@@ -22,12 +22,13 @@ from verl.protocol import DataProto
 from verl.trainer.ppo import core_algos
 from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
 from verl.workers.rollout import base as rollout_base
+from verl.workers.rollout.registry import ROLLOUT_REGISTRY
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 EXAMPLE = re.compile(r"<!-- example: (\w+) -->\n```python\n(.*?)```", re.DOTALL)
 EXTENSION_POINTS = {"estimator", "policy_loss", "reward_manager", "scorer", "tool", "rollout_engine"}
 REGISTRIES = (core_algos.ADV_ESTIMATOR_REGISTRY, core_algos.POLICY_LOSS_REGISTRY, REWARD_MANAGER_REGISTRY,
-              rollout_base._ROLLOUT_REGISTRY)
+              ROLLOUT_REGISTRY)
 MODULE_PREFIX = "readme_example_"
 
 
@@ -213,7 +214,9 @@ def next_token_table(vocab_size: int, step: int) -> torch.Tensor:
 
 
 def test_rollout_engine_is_found_by_name_and_generates_a_batch(run_example):
-    from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
+    from verl.workers.rollout.base import SamplingParams
+    from verl.workers.rollout.layout import generate_sequences
+    from verl.workers.rollout.registry import get_rollout_cls
 
     run_example("rollout_engine")
     engine_cls = get_rollout_cls("greedy")

@@ -1,4 +1,4 @@
-"""The memory estimate (verl/utils/memory_estimate.py) against the measured peak of the real worker: an
+"""The memory estimate (verl/utils/memory/) against the measured peak of the real worker: an
 ActorRolloutRefWorker on the tiny model at the default config (2 CPU ranks), phase by phase, within 25%; and an
 out-of-memory error raised in a Ray worker reaching the driver as a message naming the phase.
 
@@ -85,10 +85,11 @@ def probe_plan(config):
     """The run plan the probe's worker follows and the estimate reads, with the models' shapes: the default run's
     plan on CPU with the old-log-prob pass on (the probe runs it; the default run takes the HF engine's log-probs), its
     unset micro-batches sized by the memory check as main_ppo sizes them."""
+    from verl.trainer.ppo.memory_check import check_ppo_memory
     from verl.trainer.ppo.run_plan import plan_run
-    from verl.utils.memory_estimate import check_ppo_memory, ppo_model_shapes
+    from verl.utils.memory import ppo_model_shapes
 
-    shapes = ppo_model_shapes(config, critic=False)
+    shapes = ppo_model_shapes(config, critic=False, lora=None)
     plan = dataclasses.replace(plan_run(config, "cpu", shapes["actor"].parameters), old_log_prob_source="recompute")
     plan, _ = check_ppo_memory(config, plan, shapes,
                                replan=lambda changed: plan_run(changed, "cpu", shapes["actor"].parameters))
@@ -161,7 +162,7 @@ def measure_worker_peaks(overrides: list[str], ranks: int) -> dict[str, float]:
 def tiny_default_run(tiny_model_dir):
     """The default config on the tiny model, 2 CPU ranks: the estimate and rank 0's measured phase peaks."""
     from verl.trainer.config import load_config
-    from verl.utils.memory_estimate import estimate_ppo_memory
+    from verl.trainer.ppo.memory_check import estimate_ppo_memory
 
     overrides = ["trainer.device=cpu", f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.n_gpus_per_node=2"]
     config = load_config("ppo_trainer", overrides)
@@ -184,7 +185,7 @@ def test_a_worker_out_of_memory_reaches_the_driver_naming_the_phase(ray_session)
     from verl.single_controller.base.decorator import Dispatch, register
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.trainer.ppo.ray_trainer import _timer
-    from verl.utils.memory_estimate import OutOfMemory
+    from verl.utils.memory import OutOfMemory
 
     class Starved(Worker):
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -24,10 +24,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from verl.demo.tool_tasks import make_messages, make_tool_arithmetic_rows
 from verl.utils.openai_endpoint import Endpoint, EndpointConfig
-from verl.workers.rollout.agent_loop import RESULT_TEMPLATE, AgentLoop, BranchingConfig
+from verl.workers.config.rollout import BranchingConfig
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
 from verl.workers.rollout.openai_rollout import OpenAIRollout
+from verl.workers.rollout.tool_rounds import RESULT_TEMPLATE, ToolRoundLoop
 from verl.workers.tools.manager import ToolManager
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
@@ -93,7 +94,7 @@ def test_the_tool_loop_through_the_endpoint_is_the_hf_engines(endpoint):
     runs = []
     for rollout in (hf, engine):
         tools = ToolManager.from_config(PYTHON_TOOL)
-        loop = AgentLoop(rollout, tokenizer, tools, BranchingConfig(), seed=0)
+        loop = ToolRoundLoop(rollout, tokenizer, tools, BranchingConfig(), seed=0)
         groups, metrics = loop.run(
             prompts[:3], n=1, params=SamplingParams(temperature=0), response_length=120, branching=False
         )

@@ -255,7 +255,8 @@ def test_vllm_settings_are_checked_before_anything_starts(tmp_path, monkeypatch,
 
 
 def test_an_engine_added_with_register_rollout_passes_validation():
-    from verl.workers.rollout.base import _ROLLOUT_REGISTRY, RolloutEngine, register_rollout
+    from verl.workers.rollout.base import RolloutEngine
+    from verl.workers.rollout.registry import ROLLOUT_REGISTRY, register_rollout
 
     cfg = load_config(overrides=["actor_rollout_ref.rollout.name=my_engine"])
     with pytest.raises(ConfigError, match="rollout.name='my_engine' must be one of auto, hf, openai, sglang, trtllm, vllm"):
@@ -264,7 +265,7 @@ def test_an_engine_added_with_register_rollout_passes_validation():
     try:
         validate_ppo_config(cfg)
     finally:
-        del _ROLLOUT_REGISTRY["my_engine"]
+        del ROLLOUT_REGISTRY["my_engine"]
 
 
 def test_verl_keys_that_do_nothing_are_announced_once_each(capsys):
@@ -317,13 +318,18 @@ def test_save_contents_names_are_checked():
 
 
 @pytest.mark.parametrize("module", ["dapo.main_dapo", "recipe.dapo.main_dapo"])
-def test_the_seeds_dapo_entry_points_are_main_ppo(module, capsys):
-    import subprocess
+@pytest.mark.filterwarnings("ignore:.* found in sys.modules after import of package:RuntimeWarning")
+def test_the_seeds_dapo_entry_points_are_main_ppo(module, capsys, monkeypatch):
+    """`python -m <module> ...` as the module runs under `-m` (its `__main__` block and exit code), in this process:
+    a new interpreter would only import torch and Quiver again. main_ppo's own real-process runs:
+    tests/e2e/test_bad_input.py and tests/e2e/test_checkpoint_resume.py."""
+    import runpy
     import sys
 
-    result = subprocess.run([sys.executable, "-m", module, "trainer.total_epoch=3"], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 2 and "unknown config key 'trainer.total_epoch'" in result.stderr
+    monkeypatch.setattr(sys, "argv", [module, "trainer.total_epoch=3"])
+    with pytest.raises(SystemExit) as result:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    assert result.value.code == 2 and "unknown config key 'trainer.total_epoch'" in capsys.readouterr().err
 
 
 def test_vllm_only_keys_are_announced_when_the_engine_is_hf(capsys):
@@ -449,7 +455,7 @@ def test_verl_async_mode_runs_verls_agent_loops_and_plans_the_old_log_probs():
     multi_turn.enable); with plain single-turn loops the HF engine's log-probs on the CPU stay exact, with tools
     the actor recomputes them."""
     from verl.trainer.ppo.run_plan import plan_run
-    from verl.workers.rollout.base import uses_agent_loop, uses_async_agent
+    from verl.workers.rollout.modes import uses_agent_loop, uses_async_agent
 
     base = ["actor_rollout_ref.rollout.mode=async", "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf",
             "actor_rollout_ref.actor.ppo_epochs=2"]
@@ -466,7 +472,7 @@ def test_verl_async_mode_runs_verls_agent_loops_and_plans_the_old_log_probs():
 def test_verls_multi_turn_example_runs_verls_agent_loops_without_naming_the_mode():
     """verl's GSM8K multi-turn config sets multi_turn.enable and a tool YAML and leaves the mode to verl 0.9's default
     (async): its tools are called by verl's agent loops, not by the seeds' loop (which would call none of them)."""
-    from verl.workers.rollout.base import uses_agent_loop, uses_async_agent
+    from verl.workers.rollout.modes import uses_agent_loop, uses_async_agent
 
     tools = f"actor_rollout_ref.rollout.multi_turn.tool_config_path={CONFIGS / 'tools' / 'gsm8k_tool.yaml'}"
     cfg = load_config(overrides=["actor_rollout_ref.rollout.multi_turn.enable=true", tools])
@@ -524,7 +530,7 @@ def test_an_engine_that_cannot_run_here_runs_on_autos_choice_and_says_so(capsys,
 
     from verl.trainer.ppo.config_rules import announce_inert_keys
     from verl.trainer.ppo.run_plan import plan_run
-    from verl.workers.rollout.base import resolve_rollout_name
+    from verl.workers.rollout.selection import resolve_rollout_name
 
     cfg = load_config(overrides=["actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu",
                                  "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"])

@@ -1,4 +1,4 @@
-"""The per-rank memory estimate (verl/utils/memory_estimate.py): by hand on a small config, the micro-batch sizes it
+"""The per-rank memory estimate (verl/utils/memory/): by hand on a small config, the micro-batch sizes it
 chooses where the config leaves them unset, the refusal of a config that cannot fit with the keys that would make it
 fit, and the out-of-memory message of a step. The estimate against the measured peak of the real worker is in
 tests/e2e/test_memory_estimate_e2e.py."""
@@ -12,17 +12,16 @@ import os
 import pytest
 
 from verl.trainer.config import load_config
+from verl.trainer.ppo.memory_check import check_ppo_memory, estimate_ppo_memory
 from verl.trainer.ppo.run_plan import plan_run
 from verl.utils.config import ConfigError
 from verl.utils.fsdp_utils import adamw_is_fused
-from verl.utils.memory_estimate import (
+from verl.utils.memory import (
     GIB,
     PROCESS_BYTES,
     WARN_SHARE,
     ModelShape,
     OutOfMemory,
-    check_ppo_memory,
-    estimate_ppo_memory,
     name_out_of_memory,
     read_model_shape,
 )
@@ -118,7 +117,7 @@ def test_the_update_peaks_at_the_head_before_the_gradients_exist_or_at_the_end_w
     """The backward starts at the head: at the logits' peak no layer's gradient exists yet (the fused head has made
     its own gradient by then; earlier micro-batches of the mini-batch have left theirs); every gradient exists only
     at the end, when the logits are gone. Measured at the Qwen2.5-0.5B shape: benchmarks/memory_levers.py."""
-    import verl.utils.memory_estimate as memory_estimate
+    import verl.utils.memory.estimate as memory_estimate
 
     wide_vocab = dataclasses.replace(SMALL, vocab=5000)
 
@@ -152,7 +151,7 @@ def test_the_update_peaks_at_the_head_before_the_gradients_exist_or_at_the_end_w
 
 
 def test_the_foreach_adamw_step_counts_its_temporaries(monkeypatch):
-    import verl.utils.memory_estimate as memory_estimate
+    import verl.utils.memory.estimate as memory_estimate
 
     monkeypatch.setattr(memory_estimate, "adamw_is_fused", lambda device: False)  # torch before 2.13
     config = small_config()
@@ -235,7 +234,7 @@ def test_vllm_on_a_cpu_keeps_its_weights_and_kv_cache_all_step(monkeypatch):
     engine's default (VLLM_CPU_KV_CACHE_BYTES); the estimate needs nothing else to know it. Beside its float32 weights
     it holds a packed float32 copy of the input embedding and one of the LM head (measured at the Qwen2.5-0.5B shape:
     1.04 GiB), split like the weights over a tensor-parallel group, and its process the libraries vLLM loads."""
-    from verl.utils.memory_estimate import VLLM_CPU_KV_CACHE_BYTES, VLLM_CPU_RUNTIME_BYTES
+    from verl.workers.rollout.vllm_rollout import VLLM_CPU_KV_CACHE_BYTES, VLLM_CPU_RUNTIME_BYTES
 
     def cpu_phases(*overrides):
         config = small_config("actor_rollout_ref.rollout.name=vllm", *overrides)

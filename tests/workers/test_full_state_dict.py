@@ -22,11 +22,11 @@ def _rank(rank: int, world: int, port: int, results, bucket_bytes: int):
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from verl.utils import weight_gather
     from verl.utils.fsdp_utils import shard_model
-    from verl.workers import fsdp_workers
-    from verl.workers.fsdp_workers import full_state_dict_items, gather_state_dict_into
+    from verl.utils.weight_gather import full_state_dict_items, gather_state_dict_into
 
-    fsdp_workers.BUCKET_BYTES = bucket_bytes
+    weight_gather.BUCKET_BYTES = bucket_bytes
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

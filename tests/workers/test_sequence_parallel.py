@@ -56,7 +56,7 @@ def _batch() -> DataProto:
         "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])[:, None] * response_mask,
         "values": torch.randn(6, RESPONSE, generator=gen) * response_mask,
         "returns": torch.randn(6, RESPONSE, generator=gen) * response_mask,
-    }, meta_info={"temperature": 0.7, "micro_batch_size": 3, "use_dynamic_bsz": False})
+    }, meta_info={"temperature": 0.7})
 
 
 def _micro(dynamic: bool) -> MicroBatches:
@@ -67,8 +67,6 @@ def _micro(dynamic: bool) -> MicroBatches:
 def _run(module, sp_group, packed, fused, critic=False, dynamic=False):
     """Log-probs and entropy (or values), then one update with SGD(lr=1): (outputs..., full updated weights)."""
     data = _batch()
-    if dynamic:
-        data.meta_info.update(use_dynamic_bsz=True, max_token_len=24)
     optimizer = torch.optim.SGD(module.parameters(), lr=1.0)
     if critic:
         worker = DataParallelPPOCritic(_actor_config(), module, optimizer, use_remove_padding=packed,
@@ -79,7 +77,7 @@ def _run(module, sp_group, packed, fused, critic=False, dynamic=False):
     else:
         worker = DataParallelPPOActor(_actor_config(), module, optimizer, use_remove_padding=packed,
                                       fused_logprobs=fused, batches=UpdateBatches(6, _micro(dynamic)),
-                                      sp_group=sp_group)
+                                      log_prob=_micro(dynamic), sp_group=sp_group)
         outputs = worker.compute_log_prob(data, calculate_entropy=True)
         worker.update_policy(data)
     full = {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()

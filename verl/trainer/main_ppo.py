@@ -16,24 +16,27 @@ import sys
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.config import run_cli
-from verl.trainer.ppo.config_rules import announce_inert_keys, critic_enabled, validate_ppo_config
+from verl.trainer.config.schema import PPOTrainerConfig
+from verl.trainer.ppo.config_rules import announce_inert_keys, check_config, check_topology, critic_enabled
 from verl.trainer.ppo.guards import TrainingStopped
+from verl.trainer.ppo.memory_check import check_ppo_memory, size_micro_batches
 from verl.trainer.ppo.reward import check_served_reward_model
-from verl.trainer.ppo.run_plan import RunPlan, plan_run
+from verl.trainer.ppo.run_plan import RunPlan, plan_lora, plan_run
+from verl.trainer.ppo.topology import plan_topology
 from verl.utils.config import ConfigError, resolve_device
 from verl.utils.hub import local_model_path
 from verl.utils.import_utils import ExternalLibError, import_external_libs
-from verl.utils.memory_estimate import MemoryEstimate, check_ppo_memory, ppo_model_shapes, size_micro_batches
+from verl.utils.memory import MemoryEstimate, ppo_model_shapes
 from verl.utils.model_server import serve_reward_model, served_reward_engine
 from verl.utils.preflight import check_ppo_inputs, load_tokenizer
 from verl.utils.run_dir import check_fresh_start, clear_run_outputs, own_run_dir
-from verl.workers.rollout.async_agent import (
+from verl.workers.rollout.agent_loops import (
     check_agent_setup,
     load_agent_tools,
     prompt_tool_schemas,
     unused_tools_warning,
 )
-from verl.workers.rollout.base import uses_async_agent
+from verl.workers.rollout.modes import uses_async_agent
 from verl.workers.tools.manager import check_tools
 
 
@@ -127,23 +130,34 @@ def save_resolved_config(config: DictConfig, plan: RunPlan | None = None, estima
     return path
 
 
-def plan_ppo_run(config: DictConfig, device: str) -> tuple[RunPlan, MemoryEstimate | None]:
-    """The run's plan (verl/trainer/ppo/run_plan.py) with the micro-batches the config leaves unset sized by the
-    memory estimate, within their token budgets, and the estimate printed; a config that cannot fit is refused here
-    (trainer.memory_check; see verl/utils/memory_estimate.py). Returns the plan and the estimate (None when
-    memory_check=off or the model's shape cannot be read)."""
+def read_shapes(config: DictConfig) -> dict | None:
+    """The models' shapes from their config.json (`ppo_model_shapes`), or None when a model directory cannot be read
+    (loading it will say what is wrong)."""
     try:
-        shapes = ppo_model_shapes(config, critic_enabled(config))
-    except Exception as err:  # a broken or unusual model directory: loading it will say what is wrong
+        return ppo_model_shapes(config, critic_enabled(config), plan_lora(config.actor_rollout_ref.model))
+    except Exception as err:
         print(f"[memory] no estimate: cannot build the model's shape ({type(err).__name__}: {err})")
-        shapes = None
+        return None
+
+
+def plan_ppo_run(config: DictConfig, device: str,
+                 checked: PPOTrainerConfig | None = None) -> tuple[RunPlan, MemoryEstimate | None]:
+    """The run's topology first (device, ranks, engine: verl/trainer/ppo/topology.py), the config's rules checked
+    against it (`checked`: its sections, already checked), then the plan (verl/trainer/ppo/run_plan.py) with the
+    micro-batches the config leaves unset sized by the memory estimate, within their token budgets, and the estimate
+    printed; a config that cannot fit is refused here (trainer.memory_check; see verl/utils/memory/).
+    Returns the plan and the estimate (None when memory_check=off or the model's shape cannot be read)."""
+    checked = checked or check_config(config)
+    shapes = read_shapes(config)
     parameters = shapes["actor"].parameters if shapes else None
-    plan = plan_run(config, device, parameters)
+    topology = plan_topology(config, device, parameters)
+    check_topology(config, topology, checked)
+    plan = plan_run(config, device, parameters, topology)
     announce_inert_keys(config, plan.rollout_engine, plan.device)
     estimate = None
     if shapes is not None:
         plan, estimate = check_ppo_memory(config, plan, shapes,
-                                          replan=lambda changed: plan_run(changed, device, parameters))
+                                          replan=lambda changed: plan_run(changed, device, parameters, topology))
     else:  # no estimate: the token budgets alone size the unset micro-batches
         plan = size_micro_batches(config, plan, None, None)
     print(plan.describe())
@@ -156,13 +170,13 @@ def run_ppo(config: DictConfig):
     import_user_modules(config)  # first, so that what the user's modules register passes the checks
     resolve_model_paths(config)
     prepare_defaults(config)
-    validate_ppo_config(config)
+    checked = check_config(config)  # every rule but the rank rules, checked once the topology is known
     check_ppo_inputs(config)  # model directories, output directories (verl/utils/preflight.py)
     if served_reward_engine(config.reward_model):
         check_served_reward_model(config)  # a generative reward model: vLLM, and a reward function that calls it
     check_tools(config.actor_rollout_ref.rollout)  # every tool's class imports and takes its params
     check_agent_setup(config.actor_rollout_ref.rollout)  # mode=async: its tools load, its loops are registered
-    plan, estimate = plan_ppo_run(config, device)
+    plan, estimate = plan_ppo_run(config, device, checked)
     # Before Ray starts or anything is written: a second run on the directory, or a start from scratch over an
     # earlier run's output, stops here (verl/utils/run_dir.py).
     with own_run_dir(config.trainer.default_local_dir):
@@ -205,13 +219,13 @@ def train_ppo(config: DictConfig, plan: RunPlan, estimate: MemoryEstimate | None
         # relaunched after its last step (a resubmitted job) stops here instead of starting the workers for nothing.
         if trainer.trained_already and not config.trainer.val_only:
             print(f"[trainer] {trainer.resume_checkpoint} is at trainer.total_training_steps="
-                  f"{trainer.total_training_steps} already: nothing to train (trainer.val_only=true validates it)")
+                  f"{trainer.plan.total_training_steps} already: nothing to train (trainer.val_only=true validates it)")
             return []
         init_ray(config, plan)
         trainer.init_workers()
         if config.trainer.overwrite:
             clear_run_outputs(config.trainer.default_local_dir)
-        save_resolved_config(config, plan, estimate)
+        save_resolved_config(config, trainer.plan, estimate)
         try:
             return trainer.fit()
         finally:

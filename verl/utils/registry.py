@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any
 
@@ -24,9 +24,10 @@ def register_in(registry: dict[str, Any], kind: str, name: str | Enum) -> Callab
     return decorator
 
 
-def lookup(registry: dict[str, Any], config_key: str, name: str | Enum) -> Any:
-    """`registry[name]`, or a ValueError that names the config key to fix and lists the registered names."""
+def lookup(registry: dict[str, Any], config_key: str, name: str | Enum, known: Iterable[str] = ()) -> Any:
+    """`registry[name]`, or a ValueError that names the config key to fix and lists the registered names and `known`
+    (names that register on first use, as the rollout engines' modules do when imported)."""
     name = _key(name)
     if name not in registry:
-        raise ValueError(f"{config_key}={name!r} is not registered; known: {sorted(registry)}")
+        raise ValueError(f"{config_key}={name!r} is not registered; known: {sorted({*registry, *known})}")
     return registry[name]

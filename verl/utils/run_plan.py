@@ -1,7 +1,7 @@
 """What a run plan holds: the facts a PPO run derives from its config, per rank, frozen.
 
 verl/trainer/ppo/run_plan.py makes the plan (`plan_run`) after the config check; the trainer, the workers and the
-memory estimate (verl/utils/memory_estimate.py) read it. Defined here, on the lowest floor, so that each of them can
+memory estimate (verl/utils/memory/) read it. Defined here, on the lowest floor, so that each of them can
 name these types without importing the trainer.
 """
 
@@ -42,6 +42,23 @@ class UpdateBatches:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraPlan:
+    """The actor's LoRA adapters (verl/utils/lora.py): rank r, lora_alpha, the target modules ("all-linear", or module
+    names) and the modules excluded; from lora_rank > 0 or a saved adapter at lora_adapter_path, whose own r,
+    lora_alpha and target_modules then hold."""
+
+    rank: int
+    alpha: float
+    target_modules: str | tuple[str, ...]
+    exclude_modules: str | None = None
+    adapter_path: str | None = None  # a saved adapter to resume training from
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+@dataclasses.dataclass(frozen=True)
 class RunPlan:
     """The derived facts of one PPO run (see the module docstring). Frozen: `dataclasses.replace` makes a changed
     copy, as the memory sizing does before the plan is handed out."""
@@ -74,6 +91,7 @@ class RunPlan:
     reward_model_server: str | None  # the engine serving a generative reward model to the reward function
     remove_padding: bool  # the actor's and the reference's passes (actor_rollout_ref.model.use_remove_padding)
     critic_remove_padding: bool
+    reward_model_remove_padding: bool
     # The dtype each model's parameters are loaded and sharded in (fsdp_config.model_dtype): an actor or critic held
     # in a lower precision trains float32 master copies in its optimizer (fsdp_utils.Float32MasterAdamW).
     actor_param_dtype: str
@@ -99,6 +117,20 @@ class RunPlan:
     reward_model_forward: MicroBatches | None = None
     # The micro-batch keys the memory estimate sized (they were unset): key -> sequences.
     sized_by_memory: tuple[tuple[str, int], ...] = ()
+    lora: LoraPlan | None = None  # the actor trains LoRA adapters; the reference is its base (adapters off)
+    # The critic's model and tokenizer: critic.model.path / tokenizer_path, the actor's where null.
+    critic_model_path: str | None = None
+    critic_tokenizer_path: str | None = None
+    # ReMax: a greedy response per prompt, scored, as the advantage's baseline (the estimator takes
+    # reward_baselines).
+    greedy_baseline: bool = False
+    # Optimizer steps of the run (the lr schedule's length): trainer.total_training_steps, or total_epochs x the
+    # batches of the training data; set once the data is loaded (`with_training_steps`), before any worker starts.
+    total_training_steps: int | None = None
+
+    def with_training_steps(self, steps: int) -> RunPlan:
+        """This plan with the run's length, known once the training data is loaded."""
+        return dataclasses.replace(self, total_training_steps=int(steps))
 
     @property
     def generation(self) -> str:

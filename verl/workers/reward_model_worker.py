@@ -167,10 +167,10 @@ class RewardModelWorker(Worker):
     # --------------------------------------------------------------------------------------------- scoring
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """`(bs,)` outputs on the last token of right-padded rows `(bs, width)` of `lengths` tokens each; with
-        `model.use_remove_padding` the real tokens go through the model packed into rows (verl/utils/packing.py)."""
+        the plan's padding removal (reward_model.model.use_remove_padding) the real tokens go through the model packed into rows (verl/utils/packing.py)."""
         position_ids = torch.clamp(attention_mask.cumsum(-1) - 1, min=0)
         rows = torch.arange(len(lengths), device=input_ids.device)
-        if not self.config.model.use_remove_padding:
+        if not self.plan.reward_model_remove_padding:
             with token_scores(self.score_head) as out:
                 self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False)

@@ -8,8 +8,9 @@ from omegaconf import OmegaConf
 
 from verl.trainer.config import load_config
 from verl.trainer.ppo.config_rules import validate_ppo_config
-from verl.trainer.ppo.run_plan import SHARED_ENGINE_MIN_PARAMETERS, MicroBatches, plan_run
+from verl.trainer.ppo.run_plan import SHARED_ENGINE_MIN_PARAMETERS, plan_run
 from verl.utils.config import ConfigError
+from verl.utils.run_plan import MicroBatches
 
 BASE = ["data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
 
@@ -187,7 +188,7 @@ def test_a_large_actor_runs_one_rank_per_cpu_node_with_all_its_cores():
 def test_auto_takes_vllms_cpu_build_for_a_large_actor_it_can_run(tmp_path):
     from transformers import Qwen2Config
 
-    from verl.workers.rollout.base import VLLM_CPU_MIN_PARAMETERS
+    from verl.workers.rollout.selection import VLLM_CPU_MIN_PARAMETERS
 
     large = VLLM_CPU_MIN_PARAMETERS
     assert _plan(parameters=large).rollout_engine == "vllm"

@@ -103,9 +103,9 @@ def test_compute_log_prob_matches_forward_and_restores_order_with_dynamic_bsz():
     model = _model()
     data = _batch(model)
     actor = _actor(_config(), model)
-    data.meta_info.update(micro_batch_size=None, use_dynamic_bsz=False)
+    actor.log_prob = MicroBatches(None, None, "micro")  # the plan's log-prob micro-batches: all at once
     full, entropy = actor.compute_log_prob(data, calculate_entropy=True)
-    data.meta_info.update(use_dynamic_bsz=True, max_token_len=22)
+    actor.log_prob = MicroBatches(None, 22, "budget")  # use_dynamic_bsz with a budget of 22 tokens
     dynamic, dyn_entropy = actor.compute_log_prob(data, calculate_entropy=True)
     torch.testing.assert_close(dynamic, full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(dyn_entropy, entropy, atol=1e-5, rtol=1e-5)

@@ -12,8 +12,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 
 from verl.protocol import LEFT_PAD, DataProto
 from verl.utils.torch_functional import compute_position_id_with_mask, pad_2d_list_to_tensor
-from verl.workers.rollout.base import SamplingParams, generate_sequences, get_rollout_cls
+from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout, top_k_top_p_filter
+from verl.workers.rollout.layout import generate_sequences
+from verl.workers.rollout.registry import get_rollout_cls
 
 PROMPTS = [[5, 9, 3], [17, 2], [40, 41, 42, 43, 44, 45]]  # different lengths, so left padding is exercised
 

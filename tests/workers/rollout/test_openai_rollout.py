@@ -14,8 +14,9 @@ from verl.trainer.config import load_config
 from verl.trainer.main_generation import check_generation_config
 from verl.utils.config import ConfigError
 from verl.utils.openai_endpoint import Endpoint, EndpointConfig, EndpointError
-from verl.workers.rollout.base import SamplingParams, get_rollout_cls
+from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.openai_rollout import OpenAIRollout
+from verl.workers.rollout.registry import get_rollout_cls
 
 PYTHON_TOOL = {
     "call_limit": 2,

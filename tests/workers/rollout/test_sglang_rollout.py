@@ -18,8 +18,9 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.trainer.config import load_config
-from verl.workers.rollout import base
-from verl.workers.rollout.base import SamplingParams, get_rollout_cls
+from verl.workers.rollout import registry
+from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.registry import get_rollout_cls
 
 EOS = 100
 HALF, QUARTER, EIGHTH = math.log(0.5), math.log(0.25), math.log(0.125)
@@ -91,7 +92,7 @@ MODULE = "verl.workers.rollout.sglang_rollout"
 def sgl_alone(monkeypatch):
     """verl/workers/rollout/sglang_rollout.py, imported for this test only: its registration of "sglang" goes into
     a copy of the registry, so that the other tests of the session see the registry they would without this file."""
-    monkeypatch.setattr(base, "_ROLLOUT_REGISTRY", dict(base._ROLLOUT_REGISTRY))
+    monkeypatch.setattr(registry, "ROLLOUT_REGISTRY", dict(registry.ROLLOUT_REGISTRY))
     package = sys.modules["verl.workers.rollout"]
     before = sys.modules.pop(MODULE, None)
     yield importlib.import_module(MODULE)

@@ -7,10 +7,11 @@ import json
 
 import pytest
 from scripted_engine import TOK, ScriptedEngine
-from test_agent_loop import PARAMS, FakeTools, prompts_for
+from test_tool_rounds import PARAMS, FakeTools, prompts_for
 
-from verl.workers.rollout.agent_loop import AgentLoop, BranchingConfig
+from verl.workers.config.rollout import BranchingConfig
 from verl.workers.rollout.tool_formats import HERMES_PLAIN_RESULT, HermesFormat, TagFormat, build_call_format
+from verl.workers.rollout.tool_rounds import ToolRoundLoop
 
 TOOLS = ["python", "search"]
 
@@ -86,7 +87,7 @@ def test_the_loop_runs_hermes_calls_and_masks_their_results():
     answered with an error text, then the answer; results are masked out of the loss."""
     first, second = hermes_call("python", {"code": "print(2)"}), hermes_call("search", {"query": "q"})
     segments = iter([first, second, '<tool_call>{"name": </tool_call>', " answer$"])
-    loop = AgentLoop(ScriptedEngine(lambda prompt, response: (next(segments), 0.5)), TOK, FakeTools(),
+    loop = ToolRoundLoop(ScriptedEngine(lambda prompt, response: (next(segments), 0.5)), TOK, FakeTools(),
                      BranchingConfig(entropy_mode="exact"), seed=0, call_format="hermes")
     (traj,), = loop.run(prompts_for(1), n=1, params=PARAMS, response_length=2000)[0]
     assert loop.tools.calls == [("python", "print(2)"), ("search", "q")]
@@ -114,7 +115,7 @@ def test_the_loop_honours_verls_turn_and_result_length_limits():
     max_tool_response_length cuts the first result."""
     call = hermes_call("python", {"code": "print(2)"})
     segments = iter([call, call, " never$"])
-    loop = AgentLoop(ScriptedEngine(lambda prompt, response: (next(segments), 0.5)), TOK,
+    loop = ToolRoundLoop(ScriptedEngine(lambda prompt, response: (next(segments), 0.5)), TOK,
                      FakeTools(answer=lambda tag, content: "0123456789" * 3), BranchingConfig(entropy_mode="exact"),
                      seed=0, call_format="hermes", max_assistant_turns=2, max_tool_response_length=10,
                      tool_response_truncate_side="left")

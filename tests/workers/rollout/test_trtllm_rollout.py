@@ -23,8 +23,9 @@ from omegaconf import OmegaConf
 from test_sglang_rollout import Sharded
 
 from verl.trainer.config import load_config
-from verl.workers.rollout import base
-from verl.workers.rollout.base import SamplingParams, get_rollout_cls
+from verl.workers.rollout import registry
+from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.registry import get_rollout_cls
 
 EOS = 100
 HALF, QUARTER, EIGHTH = math.log(0.5), math.log(0.25), math.log(0.125)
@@ -142,7 +143,8 @@ def trt_alone(monkeypatch):
     """verl/workers/rollout/trtllm_rollout.py, imported for this test only: its registration of "trtllm" goes into a
     copy of the registry, so that the other tests of the session see the registry they would without this file."""
     importlib.import_module("verl.workers.rollout.vllm_rollout")  # imported by the engine: registers "vllm" for good
-    monkeypatch.setattr(base, "_ROLLOUT_REGISTRY", dict(base._ROLLOUT_REGISTRY))
+    # without "trtllm": an earlier test of the session (the memory estimate's) may have imported the engine already
+    monkeypatch.setattr(registry, "ROLLOUT_REGISTRY", {k: v for k, v in registry.ROLLOUT_REGISTRY.items() if k != "trtllm"})
     package = sys.modules["verl.workers.rollout"]
     before = sys.modules.pop(MODULE, None)
     yield importlib.import_module(MODULE)

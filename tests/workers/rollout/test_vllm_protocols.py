@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 from gloo_ranks import leave_group, spawn
 
 from verl.workers.rollout.base import SamplingParams
-from verl.workers.rollout.vllm_rollout import VLLMRollout, entropy_from_top_log_probs
+from verl.workers.rollout.served import entropy_from_top_log_probs
+from verl.workers.rollout.vllm_rollout import VLLMRollout
 
 
 class RecordingLLM:
@@ -149,7 +150,7 @@ def test_weight_buckets_gather_bucket_and_sum_what_an_engine_receives():
     checksum of everything once iterated."""
     from test_sglang_rollout import Sharded  # stands in for an FSDP2 DTensor
 
-    from verl.workers.rollout.base import WeightBuckets
+    from verl.workers.rollout.served import WeightBuckets
 
     pairs = [("a", torch.ones(2)), ("b", Sharded(torch.full((3,), 2.0))), ("c", torch.ones(10)), ("d", torch.ones(1))]
     buckets = WeightBuckets(pairs, bucket_bytes=20)  # float32: a 8 bytes, b 12, c 40, d 4

@@ -1,6 +1,6 @@
-"""verl's agent-loop API (`rollout.mode=async`): the face of verl/workers/rollout/async_agent.py and tool_agent.py."""
+"""verl's agent-loop API (`rollout.mode=async`): the face of verl/workers/rollout/agent_loops.py and tool_agent.py."""
 
-from verl.workers.rollout.async_agent import (
+from verl.workers.rollout.agent_loops import (
     AgentLoopBase,
     AgentLoopManager,
     AgentLoopMetrics,

@@ -1,3 +1,3 @@
-"""verl's `single_turn_agent` path: the face of verl/workers/rollout/async_agent.py."""
+"""verl's `single_turn_agent` path: the face of verl/workers/rollout/agent_loops.py."""
 
-from verl.workers.rollout.async_agent import SingleTurnAgentLoop  # noqa: F401
+from verl.workers.rollout.agent_loops import SingleTurnAgentLoop  # noqa: F401

@@ -28,6 +28,7 @@ from enum import Enum
 from typing import Any
 
 from verl.protocol import DataProto
+from verl.utils.phases import Phase
 
 # Name of the function attribute that holds a method's `RegisterInfo`; the worker group looks for it.
 MAGIC_ATTR = "_quiver_register_info"
@@ -188,16 +189,16 @@ def register(
     return decorator
 
 
-# The worker methods whose peak memory the door reports, by the memory estimate's phase names
-# (verl/utils/memory_estimate.py); update_actor's peak includes its optimizer step.
+# The worker methods whose peak memory the door reports, by phase (reported under the phase's memory name, as the
+# memory estimate names it, verl/utils/memory/estimate.py); update_actor's peak includes its optimizer step.
 MEMORY_PHASES = {
-    "generate_sequences": "generate",
-    "compute_log_prob": "old_log_prob",
-    "compute_ref_log_prob": "ref",
-    "compute_values": "values",
-    "update_critic": "update_critic",
-    "update_actor": "update_actor",
-    "compute_rm_score": "reward",
+    "generate_sequences": Phase.GENERATE,
+    "compute_log_prob": Phase.OLD_LOG_PROB,
+    "compute_ref_log_prob": Phase.REF,
+    "compute_values": Phase.VALUES,
+    "update_critic": Phase.UPDATE_CRITIC,
+    "update_actor": Phase.UPDATE_ACTOR,
+    "compute_rm_score": Phase.REWARD,
 }
 
 
@@ -249,7 +250,7 @@ def device_door(fn):
         result = fn(self, *args, **kwargs)
         if measure and isinstance(result, DataProto):
             peak = torch.cuda.max_memory_allocated(device) / 1024**3
-            result.meta_info.setdefault("metrics", {})[f"memory/max_allocated_gib/{phase}"] = [peak]
+            result.meta_info.setdefault("metrics", {})[f"memory/max_allocated_gib/{phase.memory}"] = [peak]
         result = _to_host(result)
         if measure and getattr(getattr(self, "plan", None), "processes_per_rank", 1) > 1:
             torch.cuda.empty_cache()

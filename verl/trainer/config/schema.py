@@ -13,7 +13,7 @@ from typing import Any
 from verl.trainer.config.algorithm import AlgoConfig
 from verl.utils.config import need
 from verl.utils.dataset.rl_dataset import TRUNCATION_MODES
-from verl.utils.memory_estimate import MEMORY_CHECKS
+from verl.utils.memory import MEMORY_CHECKS
 from verl.utils.typed_config import Section, config_section
 from verl.workers.config.actor import ActorConfig, CriticConfig, ModelConfig, RefConfig
 from verl.workers.config.rollout import PPORolloutConfig

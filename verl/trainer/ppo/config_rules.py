@@ -13,18 +13,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.algorithms.registry import get_adv_estimator_fn
 from verl.trainer.config.schema import PPOTrainerConfig
+from verl.trainer.ppo.topology import Topology, plan_topology
 from verl.utils.config import ConfigError, need, resolve_device, verl_key_reason, verl_only_keys, verl_only_values
 from verl.utils.typed_config import build_section, check_config_types, check_with
 from verl.workers.reward_manager.naive import OverlongBuffer
-from verl.workers.rollout.base import (
-    CUDA_ONLY_ENGINES,
-    ENGINES_NOT_BUILT,
-    cuda_only_engine_problems,
-    engine_unavailable,
-    has_verl_tools,
-    resolve_rollout_name,
-    uses_async_agent,
-)
+from verl.workers.rollout.modes import has_verl_tools, uses_async_agent
+from verl.workers.rollout.selection import CUDA_ONLY_ENGINES, cuda_only_engine_problems, engine_unavailable
 
 
 def resolve_policy_loss(actor: DictConfig, problems: list[str]) -> None:
@@ -54,21 +48,14 @@ def resolve_policy_loss(actor: DictConfig, problems: list[str]) -> None:
             actor.use_token_entropy_separate = True
 
 
-def world_size(trainer) -> int:
-    """The ranks the config names: trainer.nnodes x trainer.n_gpus_per_node (the run plan may run fewer on CPU:
-    trainer.cpu_ranks_per_node, verl/trainer/ppo/run_plan.py)."""
-    return trainer.nnodes * trainer.n_gpus_per_node
-
-
-def check_batch_sizes(config: PPOTrainerConfig, problems: list[str]) -> None:
+def check_batch_sizes(config: PPOTrainerConfig, topology: Topology, problems: list[str]) -> None:
     """train_batch_size and ppo_mini_batch_size count prompts, each with rollout.n responses, split over the ranks."""
-    data, actor, rollout, trainer = (config.data, config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout,
-                                     config.trainer)
-    n_ranks, n = world_size(trainer), rollout.n
+    data, actor, rollout = config.data, config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    n_ranks, n = topology.n_ranks, rollout.n
     bsz, mini = data.train_batch_size, actor.ppo_mini_batch_size
     need(bsz * n % n_ranks == 0,
          f"data.train_batch_size * actor_rollout_ref.rollout.n = {bsz} * {n} = {bsz * n} responses must be divisible "
-         f"by the number of ranks trainer.nnodes * trainer.n_gpus_per_node = {n_ranks}", problems)
+         f"by {topology.ranks_phrase()}", problems)
     need(mini <= bsz, f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must be <= data.train_batch_size={bsz}",
          problems)
     budgets = {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu": actor.ppo_max_token_len_per_gpu,
@@ -76,24 +63,21 @@ def check_batch_sizes(config: PPOTrainerConfig, problems: list[str]) -> None:
                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu":
                    config.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu}
     sp = actor.ulysses_sequence_parallel_size
-    check_mini_batches(config, "actor_rollout_ref.actor", actor, "actor_rollout_ref.rollout.n", n, budgets, problems,
-                       sp_key="actor_rollout_ref.actor.ulysses_sequence_parallel_size", sp=sp)
+    check_mini_batches(config, topology, "actor_rollout_ref.actor", actor, "actor_rollout_ref.rollout.n", n, budgets,
+                       problems, sp_key="actor_rollout_ref.actor.ulysses_sequence_parallel_size", sp=sp)
 
 
-def check_mini_batches(config: PPOTrainerConfig, prefix: str, section, n_key: str, n: int, budgets: dict[str, int],
-                       problems: list[str], sp_key: str, sp: int) -> None:
+def check_mini_batches(config: PPOTrainerConfig, topology: Topology, prefix: str, section, n_key: str, n: int,
+                       budgets: dict[str, int], problems: list[str], sp_key: str, sp: int) -> None:
     """The batch sizes of a trained section (the actor's or the critic's node `section`, named `prefix`): its
     ppo_mini_batch_size counts prompts of `n` responses each (`n_key`), split over the data-parallel groups (the
     ranks / `sp`, the Ulysses group size set by `sp_key`) into micro-batches of ppo_micro_batch_size_per_gpu (or the
     deprecated global ppo_micro_batch_size / groups); with use_dynamic_bsz every token budget of `budgets`
     (key -> value) holds a whole sequence."""
-    data, trainer = config.data, config.trainer
-    n_ranks = world_size(trainer)
-    need(sp >= 1 and n_ranks % sp == 0, f"{sp_key}={sp} must divide the number of ranks {n_ranks} "
-         "(trainer.nnodes * trainer.n_gpus_per_node)", problems)
+    data, n_ranks = config.data, topology.n_ranks
+    need(sp >= 1 and n_ranks % sp == 0, f"{sp_key}={sp} must divide {topology.ranks_phrase()}", problems)
     groups = n_ranks // sp if sp >= 1 and n_ranks % sp == 0 else n_ranks
-    where = (f"the number of ranks {n_ranks} (trainer.nnodes * trainer.n_gpus_per_node)" if groups == n_ranks else
-             f"the {groups} data-parallel groups (ranks / {sp_key})")
+    where = topology.ranks_phrase() if groups == n_ranks else f"the {groups} data-parallel groups (ranks / {sp_key})"
     bsz, mini = data.train_batch_size, section.ppo_mini_batch_size
     need(bsz % mini == 0, f"data.train_batch_size={bsz} must be divisible by {prefix}.ppo_mini_batch_size={mini}",
          problems)
@@ -121,7 +105,7 @@ def critic_enabled(config) -> bool:
     return bool(enable) if enable is not None else config.algorithm.adv_estimator == "gae"
 
 
-def check_critic(config: PPOTrainerConfig, problems: list[str]) -> None:
+def check_critic(config: PPOTrainerConfig, topology: Topology, problems: list[str]) -> None:
     """GAE needs a critic; the critic's batch sizes count prompts like the actor's, split over the same ranks."""
     critic = config.critic
     if config.algorithm.adv_estimator == "gae":
@@ -131,7 +115,7 @@ def check_critic(config: PPOTrainerConfig, problems: list[str]) -> None:
         return
     budgets = {f"critic.{key}": getattr(critic, key)
                for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu")}
-    check_mini_batches(config, "critic", critic, "critic.rollout_n", critic.rollout_n, budgets, problems,
+    check_mini_batches(config, topology, "critic", critic, "critic.rollout_n", critic.rollout_n, budgets, problems,
                        sp_key="critic.ulysses_sequence_parallel_size", sp=critic.ulysses_sequence_parallel_size)
 
 
@@ -169,21 +153,35 @@ def check_group_filters(config: PPOTrainerConfig, problems: list[str]) -> None:
              "which only algorithm.filter_groups.enable=true uses", problems)
 
 
-def check_engine(cfg: DictConfig, problems: list[str]) -> None:
-    """The engine's settings against the model, the device and the ranks (vLLM reads the model's config.json)."""
-    rollout = cfg.actor_rollout_ref.rollout
-    named = ("auto", "vllm", *CUDA_ONLY_ENGINES, *ENGINES_NOT_BUILT)
-    if rollout.name not in named or cfg.trainer.device not in ("auto", "cpu", "cuda"):
-        return
-    device = resolve_device("auto") if cfg.trainer.device == "auto" else cfg.trainer.device
-    engine = resolve_rollout_name(rollout.name, device, tensor_parallel=rollout.tensor_model_parallel_size)
-    n_ranks, prefix = world_size(cfg.trainer), "actor_rollout_ref.rollout"
+def check_engine(cfg: DictConfig, topology: Topology, problems: list[str]) -> None:
+    """The chosen engine's settings against the model, the device and the ranks (vLLM reads the model's
+    config.json)."""
+    rollout, engine, prefix = cfg.actor_rollout_ref.rollout, topology.rollout_engine, "actor_rollout_ref.rollout"
     if engine == "vllm":
         from verl.workers.rollout.vllm_rollout import config_problems
 
-        problems.extend(config_problems(rollout, cfg.actor_rollout_ref.model.path, device, n_ranks, prefix))
+        problems.extend(config_problems(rollout, cfg.actor_rollout_ref.model.path, topology.device, topology.n_ranks,
+                                        prefix))
     elif engine in CUDA_ONLY_ENGINES:
-        problems.extend(cuda_only_engine_problems(engine, rollout, device, n_ranks, prefix))
+        problems.extend(cuda_only_engine_problems(engine, rollout, topology.device, topology.n_ranks, prefix))
+
+
+def check_against_topology(config: PPOTrainerConfig, cfg: DictConfig, topology: Topology,
+                           problems: list[str]) -> None:
+    """The rules that read the ranks and the engine: the batch sizes of the actor and the critic split over the
+    ranks, and the chosen engine's settings."""
+    check_batch_sizes(config, topology, problems)
+    check_critic(config, topology, problems)
+    check_engine(cfg, topology, problems)
+
+
+def check_topology(cfg: DictConfig, topology: Topology, config: PPOTrainerConfig | None = None) -> None:
+    """`check_against_topology` of a config whose sections passed `check_config` (`config`, the typed one; None for a
+    plan made without it, in tests and tools, which reads `cfg` itself): raise one ConfigError listing what breaks."""
+    problems: list[str] = []
+    check_against_topology(cfg if config is None else config, cfg, topology, problems)
+    if problems:
+        raise ConfigError("the config has problems:\n  - " + "\n  - ".join(problems))
 
 
 def check_agent_mode(rollout: DictConfig, problems: list[str]) -> None:
@@ -207,22 +205,25 @@ def check_agent_mode(rollout: DictConfig, problems: list[str]) -> None:
          f"{p}.agent.default_agent_loop=tool_agent (it is {default})", problems)
 
 
-def validate_ppo_config(cfg: DictConfig) -> PPOTrainerConfig:
-    """Check everything that makes a PPO/GRPO run possible; raise one ConfigError listing every broken rule.
+def validate_ppo_config(cfg: DictConfig, topology: Topology | None = None) -> PPOTrainerConfig:
+    """Check everything that makes a PPO/GRPO run possible: `check_config`, then `check_against_topology` on
+    `topology` (None: the one the config gives without knowing the model's size). Returns the typed config."""
+    config = check_config(cfg)
+    check_topology(cfg, topology or plan_topology(cfg, resolve_device(cfg.trainer.device)), config)
+    return config
 
-    Each section checks its own keys (the classes of verl/trainer/config/schema.py); the rules across sections are
-    the functions above. Returns the typed config (the seed projects' loss switches resolved into `cfg` first).
-    """
+
+def check_config(cfg: DictConfig) -> PPOTrainerConfig:
+    """Every rule but the rank rules: each section's own keys (the classes of verl/trainer/config/schema.py), with
+    the seed projects' loss switches resolved into `cfg` first, and the rules across sections that do not read the
+    ranks or the engine. Raises one ConfigError listing every broken rule; returns the typed config."""
     problems: list[str] = []
     resolve_policy_loss(cfg.actor_rollout_ref.actor, problems)
     typed = check_config_types(PPOTrainerConfig, cfg)
     config = build_section(PPOTrainerConfig, typed, problems)
     if not problems:  # the rules across sections read values the sections' own rules vouch for
-        check_batch_sizes(config, problems)
         check_group_filters(config, problems)
-        check_critic(config, problems)
         check_estimator_inputs(config, problems)
-        check_engine(cfg, problems)
         check_agent_mode(cfg.actor_rollout_ref.rollout, problems)
     if problems:
         raise ConfigError("the config has problems:\n  - " + "\n  - ".join(problems))

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
@@ -28,6 +28,7 @@ from verl.trainer.ppo.guards import SkippedStepGuard, check_reward_failures
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.run_plan import plan_training_steps
 from verl.utils.callables import accepted_keywords
 from verl.utils.checkpoint.checkpoint_manager import (
     atomic_step_dir,
@@ -38,14 +39,15 @@ from verl.utils.checkpoint.checkpoint_manager import (
 from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
-from verl.utils.memory_estimate import name_out_of_memory
+from verl.utils.memory import name_out_of_memory
+from verl.utils.phases import Phase
 from verl.utils.run_plan import RunPlan
 from verl.utils.seqlen_balancing import balance_batch_partitions
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking, dump_generations
 from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from verl.workers.reward_model_worker import RewardModelWorker
-from verl.workers.rollout.base import PROCESS_BOUND_ENGINES
+from verl.workers.rollout.selection import PROCESS_BOUND_ENGINES
 
 GEN_BATCH_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -120,12 +122,6 @@ class RayPPOTrainer:
         # A value model (verl's Role.Critic): critic.enable, or with null, exactly when the estimator is GAE.
         self.use_critic = plan.use_critic
         self.critic_wg = self.rm_wg = None  # built by init_workers
-        if self.use_critic:
-            with open_dict(config):  # null paths: the actor's model (the value head is new) and tokenizer
-                critic_model, actor_model = config.critic.model, config.actor_rollout_ref.model
-                critic_model.path = critic_model.path or actor_model.path
-                critic_model.tokenizer_path = (critic_model.tokenizer_path or actor_model.tokenizer_path
-                                               or actor_model.path)
         self._create_dataloader(train_dataset, val_dataset, collate_fn)
         self.global_steps = 0
         self.epoch = 0
@@ -152,13 +148,9 @@ class RayPPOTrainer:
             self.val_dataloader = create_dataloader(val_dataset, batch_size=val_bsz, sampler=None,
                                                     num_workers=cfg.data.dataloader_num_workers, drop_last=False,
                                                     collate_fn=collate_fn)
-        steps = len(self.train_dataloader) * cfg.trainer.total_epochs
-        if cfg.trainer.total_training_steps is not None:
-            steps = cfg.trainer.total_training_steps
-        self.total_training_steps = steps
-        with open_dict(cfg):
-            cfg.actor_rollout_ref.actor.optim.total_training_steps = steps
-            cfg.critic.optim.total_training_steps = steps
+        # The run's length (and the lr schedules'), planned once the data is loaded, before any worker starts.
+        self.plan = plan_training_steps(self.plan, cfg.trainer, len(self.train_dataloader))
+        self.total_training_steps = self.plan.total_training_steps
 
     # ------------------------------------------------------------------------------------------- workers
     def init_workers(self):
@@ -327,19 +319,19 @@ class RayPPOTrainer:
         gen_batch = self._gen_batch(batch)
         gen_batch.meta_info["global_steps"] = self.global_steps
 
-        with _timer("gen", timing):
+        with _timer(Phase.GENERATE.timer, timing):
             output = self._generate(gen_batch, n)
         for key, values in output.meta_info.pop("metrics", {}).items():
             gen_metrics[key].extend(values)
         baselines = None
-        if self.config.algorithm.adv_estimator == "remax":
-            with _timer("gen_max", timing):
+        if self.plan.greedy_baseline:
+            with _timer(Phase.GENERATE_GREEDY.timer, timing):
                 baselines = self._greedy_baselines(batch, gen_batch)
         batch = batch.repeat(n, interleave=True).union(output)
         if baselines is not None:
             batch.batch["reward_baselines"] = baselines.repeat_interleave(n)
 
-        with _timer("reward", timing):
+        with _timer(Phase.REWARD.timer, timing):
             batch = self._score_with_reward_model(batch, gen_metrics)
             reward_tensor, reward_extra_info, reward_metrics = run_reward(batch, self.reward_fn)
             check_reward_failures(reward_metrics, self.config.trainer.max_bad_reward_fraction, self.global_steps)
@@ -424,7 +416,7 @@ class RayPPOTrainer:
         if cfg.trainer.balance_batch:
             self._balance_batch(batch, metrics)
 
-        with _timer("old_log_prob", timing):
+        with _timer(Phase.OLD_LOG_PROB.timer, timing):
             source = self.plan.old_log_prob_source
             if source == "rollout" and "rollout_log_probs" not in batch.batch:
                 raise ValueError("algorithm.rollout_correction.bypass_mode=true takes the old log-probs from the "
@@ -439,17 +431,17 @@ class RayPPOTrainer:
             batch.meta_info["old_log_prob_source"] = source
             metrics["actor/old_log_prob_recomputed"] = float(source == "recompute")
         if self.use_reference_policy:
-            with _timer("ref", timing):
+            with _timer(Phase.REF.timer, timing):
                 batch = batch.union(_with_metrics(self.actor_rollout_wg.compute_ref_log_prob(batch), metrics))
         if self.use_critic:
-            with _timer("values", timing):
+            with _timer(Phase.VALUES.timer, timing):
                 batch = batch.union(_with_metrics(self.critic_wg.compute_values(batch), metrics))
 
         # Rollout correction (algorithm.rollout_correction): IS weights for the loss, rejected tokens out of the mask.
         batch, correction_metrics = compute_rollout_correction_and_add_to_batch(batch, cfg.algorithm.rollout_correction)
         metrics.update(correction_metrics)
 
-        with _timer("adv", timing):
+        with _timer(Phase.ADV.timer, timing):
             if cfg.algorithm.use_kl_in_reward:
                 batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl_in_reward, cfg.algorithm.kl_penalty)
                 metrics.update(kl_metrics)
@@ -461,12 +453,12 @@ class RayPPOTrainer:
                                       config=cfg.algorithm)
 
         if self.use_critic:
-            with _timer("update_critic", timing):
+            with _timer(Phase.UPDATE_CRITIC.timer, timing):
                 critic_update = self.critic_wg.update_critic(batch)
             metrics.update(reduce_metrics(critic_update.meta_info["metrics"]))
         # trainer.critic_warmup: the first steps train the critic alone.
         if self.global_steps > cfg.trainer.critic_warmup:
-            with _timer("update_actor", timing):
+            with _timer(Phase.UPDATE_ACTOR.timer, timing):
                 update = self.actor_rollout_wg.update_actor(batch)
             metrics.update(reduce_metrics(update.meta_info["metrics"]))
         return batch
@@ -567,7 +559,7 @@ class RayPPOTrainer:
         while self.global_steps < self.total_training_steps:
             self.global_steps += 1
             metrics, timing = {"training/global_step": self.global_steps, "training/epoch": self.epoch}, {}
-            with _timer("step", timing):
+            with _timer(Phase.STEP.timer, timing):
                 batch = self._step(prompt_batches, metrics, timing)
             if batch is None:
                 print(f"[trainer] trainer.total_epochs={cfg.trainer.total_epochs} of data used up at step "
@@ -576,7 +568,7 @@ class RayPPOTrainer:
                 break
             last_step = self.global_steps >= self.total_training_steps
             if do_validate and cfg.trainer.test_freq > 0 and (last_step or self.global_steps % cfg.trainer.test_freq == 0):
-                with _timer("testing", timing):
+                with _timer(Phase.VALIDATION.timer, timing):
                     metrics.update(self._validate())
             if len(batch):
                 metrics.update(compute_data_metrics(batch))

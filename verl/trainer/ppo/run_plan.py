@@ -1,21 +1,21 @@
 """The run plan: every fact a PPO run derives from its config, decided once after the config check.
 
 `main_ppo` builds one frozen `RunPlan` (`plan_run`), sizes the micro-batches left unset from the memory estimate
-(`verl/utils/memory_estimate.py`, `size_micro_batches`), and hands it to the trainer, every worker and the memory
+(`verl/utils/memory/sizing.py`, `size_micro_batches`), and hands it to the trainer, every worker and the memory
 check. They read the plan; none of them re-derives a planned fact. The config keeps the user's meaning: global
 batch sizes count prompts, and nothing rewrites them.
 
-    ranks              trainer.nnodes x ranks per node: trainer.n_gpus_per_node on GPUs; on CPU
-                       trainer.cpu_ranks_per_node, null = one rank with all the cores for a large actor on one node
+    topology           the device, the ranks and the engine (verl/trainer/ppo/topology.py), decided first; the
+                       config check runs its rank rules against it
     rows_per_rank      data.train_batch_size x rollout.n / ranks: sequences one rank holds in a step
     mini-batch         ppo_mini_batch_size x rollout.n / ranks sequences per rank, one optimizer step each
     micro-batch        ppo_micro_batch_size_per_gpu, or verl's deprecated global ppo_micro_batch_size / ranks; unset:
                        the largest that the memory estimate fits (the whole share when memory_check=off)
-    rollout engine     rollout.name, with auto resolved: vllm on CUDA when it is installed, else hf
     old log-probs      recompute | actor | rollout (`old_log_prob_source`)
 
 What a plan holds (`RunPlan`, `UpdateBatches`, `MicroBatches`) is defined on the lowest floor, verl/utils/run_plan.py,
-so that the workers and the memory estimate read it without importing the trainer; this module makes it.
+so that the workers and the memory estimate read it without importing the trainer (tests/test_layers.py holds the
+floors); this module makes it and re-exports none of those types.
 """
 
 from __future__ import annotations
@@ -26,42 +26,20 @@ from omegaconf import DictConfig
 
 from verl.algorithms import build_actor_objective
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.config_rules import critic_enabled, world_size
+from verl.trainer.ppo.config_rules import check_topology, critic_enabled
 from verl.trainer.ppo.rollout_corr_helper import correction_enabled
+from verl.trainer.ppo.topology import Topology, plan_topology
 from verl.utils.config import ConfigError, option
 from verl.utils.fsdp_utils import COMPUTE_DTYPES
 from verl.utils.lora import lora_settings
 from verl.utils.model_server import served_reward_engine
-from verl.utils.run_plan import MicroBatches, RunPlan, UpdateBatches
-from verl.workers.rollout.base import (
-    async_agent_beyond_single_turn,
-    resolve_rollout_name,
-    uses_agent_loop,
-    uses_async_agent,
-)
+from verl.utils.run_plan import LoraPlan, MicroBatches, RunPlan, UpdateBatches
 from verl.workers.rollout.hf_rollout import uses_static_decode
+from verl.workers.rollout.modes import async_agent_beyond_single_turn, uses_agent_loop, uses_async_agent
 
-
-def vllm_config_problems(rollout, model_path, device: str, ranks: int, prefix: str) -> list[str]:
-    """What stops vLLM from running this rollout config (verl/workers/rollout/vllm_rollout.py; imported only when
-    vLLM is a candidate, since the import sets vLLM's environment)."""
-    from verl.workers.rollout.vllm_rollout import config_problems
-
-    return config_problems(rollout, model_path, device, ranks, prefix)
-
-# share_cpu_engine=null shares the HF engine from this many actor parameters on: a model of hundreds of MB no cache
-# holds, decoded at a rate set by memory bandwidth (measured: a 344K-parameter model decodes faster with one engine per
-# rank, the Qwen2.5-0.5B shape faster with one shared engine; benchmarks/README.md).
+# share_cpu_engine=null shares the HF engine from this many actor parameters on, where decoding is bound by reading
+# the weights (benchmarks/README.md, "Issue 14 (2026-11-25, later)").
 SHARED_ENGINE_MIN_PARAMETERS = 50_000_000
-# trainer.cpu_ranks_per_node=null runs one rank per CPU node, using all its cores, from this many actor parameters on
-# (the same threshold; measured at its two ends on 2 cores: at the Qwen2.5-0.5B shape a GRPO step took 43.6 s with one
-# rank and 59.3 s with two, gloo's all-gathers of the whole model costing more than the second process gains; the
-# 344K-parameter demo model's step is faster with two, 0.17 s against 0.22; benchmarks/README.md).
-ONE_CPU_RANK_MIN_PARAMETERS = SHARED_ENGINE_MIN_PARAMETERS
-
-__all__ = ["ONE_CPU_RANK_MIN_PARAMETERS", "SHARED_ENGINE_MIN_PARAMETERS", "MicroBatches", "RunPlan", "UpdateBatches",
-           "hf_engine_dtype", "micro_batches", "old_log_prob_source", "plan_run", "ranks_per_node",
-           "share_cpu_engine"]
 
 
 def micro_batches(per_gpu, global_size, dynamic: bool, max_token_len: int, ranks: int, key: str,
@@ -77,6 +55,12 @@ def micro_batches(per_gpu, global_size, dynamic: bool, max_token_len: int, ranks
     if per_gpu is None:
         return MicroBatches(None, None, key, token_cap=int(max_token_len) * sp, cap_key=budget_key)
     return MicroBatches(per_gpu, None, key)
+
+
+def greedy_baseline(estimator_name: str) -> bool:
+    """Whether a step scores one greedy response per prompt as the advantage's baseline: the estimator takes
+    `reward_baselines` (ReMax)."""
+    return "reward_baselines" in inspect.signature(core_algos.get_adv_estimator_fn(estimator_name)).parameters
 
 
 def old_log_prob_source(config: DictConfig, engine: str, device: str) -> str:
@@ -110,8 +94,7 @@ def old_log_prob_source(config: DictConfig, engine: str, device: str) -> str:
     if on_policy and not config.algorithm.use_kl_in_reward and not estimator_reads:
         return "actor"
     exact_engine = (device == "cpu" and engine == "hf" and not uses_agent_loop(rollout)
-                    and not async_agent_beyond_single_turn(rollout)
-                    and lora_settings(config.actor_rollout_ref.model) is None)
+                    and not async_agent_beyond_single_turn(rollout) and plan_lora(config.actor_rollout_ref.model) is None)
     return "rollout" if exact_engine else "recompute"
 
 
@@ -128,52 +111,6 @@ def share_cpu_engine(setting, engine: str, device: str, nnodes: int, n_ranks: in
     if setting is False or engine != "hf" or device != "cpu" or n_ranks == 1 or nnodes > 1:
         return False
     return bool(setting) or (actor_parameters or 0) >= SHARED_ENGINE_MIN_PARAMETERS
-
-
-def sequence_parallel_sizes(config: DictConfig) -> tuple[int, int]:
-    """(the actor's and reference's Ulysses group size, the critic's): ulysses_sequence_parallel_size. The reference
-    runs on the actor's ranks with the actor's groups, so its size must be the actor's (verl's default
-    interpolates it so)."""
-    arr = config.actor_rollout_ref
-    sp, ref_sp = arr.actor.ulysses_sequence_parallel_size, arr.ref.ulysses_sequence_parallel_size
-    if ref_sp != sp:
-        raise ConfigError(f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={ref_sp} must equal "
-                          f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}: the reference model runs on "
-                          "the actor's ranks, in the actor's sequence-parallel groups")
-    return sp, config.critic.ulysses_sequence_parallel_size
-
-
-def ranks_per_node(trainer, device: str, actor_parameters: int | None, sequence_parallel: int = 1) -> int:
-    """Ranks on each node: trainer.n_gpus_per_node on GPUs; on CPU trainer.cpu_ranks_per_node, and when that is null
-    one rank using all the node's cores for a single-node run of an actor of ONE_CPU_RANK_MIN_PARAMETERS or more
-    (unless sequence parallelism needs the ranks), else n_gpus_per_node."""
-    if device != "cpu":
-        return trainer.n_gpus_per_node
-    if trainer.cpu_ranks_per_node is not None:
-        return trainer.cpu_ranks_per_node
-    if trainer.nnodes == 1 and sequence_parallel == 1 and (actor_parameters or 0) >= ONE_CPU_RANK_MIN_PARAMETERS:
-        return 1
-    return trainer.n_gpus_per_node
-
-
-def _check_ranks(config: DictConfig, ranks: int) -> None:
-    """The batch sizes against a rank count the config check did not see (trainer.cpu_ranks_per_node)."""
-    n, problems = config.actor_rollout_ref.rollout.n, []
-    for key, sp in (("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-                     config.actor_rollout_ref.actor.ulysses_sequence_parallel_size),
-                    ("critic.ulysses_sequence_parallel_size", config.critic.ulysses_sequence_parallel_size)):
-        if ranks % sp:
-            problems.append(f"{key}={sp} must divide the {ranks} ranks of trainer.cpu_ranks_per_node="
-                            f"{config.trainer.cpu_ranks_per_node} x trainer.nnodes={config.trainer.nnodes}")
-    for key, prompts in (("data.train_batch_size", config.data.train_batch_size),
-                         ("actor_rollout_ref.actor.ppo_mini_batch_size",
-                          config.actor_rollout_ref.actor.ppo_mini_batch_size)):
-        if prompts * n % ranks:
-            problems.append(f"{key} * actor_rollout_ref.rollout.n = {prompts * n} must be divisible by the {ranks} "
-                            f"ranks of trainer.cpu_ranks_per_node={config.trainer.cpu_ranks_per_node} x "
-                            f"trainer.nnodes={config.trainer.nnodes}")
-    if problems:
-        raise ConfigError("the config has problems:\n  - " + "\n  - ".join(problems))
 
 
 def compute_dtype(device: str, fsdp_config, section: str) -> str:
@@ -215,24 +152,42 @@ def fsdp_size(setting: int, ranks: int, key: str) -> int:
     return setting
 
 
-def plan_run(config: DictConfig, device: str, actor_parameters: int | None = None) -> RunPlan:
+def plan_training_steps(plan: RunPlan, trainer, batches_per_epoch: int) -> RunPlan:
+    """`plan` with the run's optimizer steps (the lr schedules' length): trainer.total_training_steps, or
+    trainer.total_epochs x the training data's batches (`batches_per_epoch`), known once the data is loaded."""
+    steps = trainer.total_training_steps
+    return plan.with_training_steps(batches_per_epoch * trainer.total_epochs if steps is None else steps)
+
+
+def plan_lora(model) -> LoraPlan | None:
+    """The actor's LoRA (`lora_settings`: lora_rank > 0 or a saved adapter), or None for full fine-tuning."""
+    settings = lora_settings(model)
+    if settings is None:
+        return None
+    rank, alpha, targets = settings
+    targets = targets if isinstance(targets, str) else tuple(str(name) for name in targets)
+    return LoraPlan(int(rank), float(alpha), targets, model.get("exclude_modules"),
+                    model.get("lora_adapter_path") or None)
+
+
+def plan_run(config: DictConfig, device: str, actor_parameters: int | None = None,
+             topology: Topology | None = None) -> RunPlan:
     """The plan of a checked ppo_trainer config on `device` (resolved: cpu or cuda). `actor_parameters` (from the
-    model's config, `memory_estimate.read_model_shape`) decides what depends on the model's size on CPU: the ranks per
+    model's config, `verl.utils.memory.read_model_shape`) decides what depends on the model's size on CPU: the ranks per
     node, the engine of rollout.name=auto (vLLM's CPU build where installed) and the shared HF engine; micro-batch
-    sizes the config leaves unset stay None here (`memory_estimate.size_micro_batches` fills them)."""
+    sizes the config leaves unset stay None here (`verl.utils.memory.size_micro_batches` fills them)."""
     trainer, data = config.trainer, config.data
     arr, algorithm = config.actor_rollout_ref, config.algorithm
     actor, rollout, ref, model = arr.actor, arr.rollout, arr.ref, arr.model
-    sp, critic_sp = sequence_parallel_sizes(config)
-    per_node = ranks_per_node(trainer, device, actor_parameters, max(sp, critic_sp))
-    ranks, n = trainer.nnodes * per_node, rollout.n
-    if ranks != world_size(trainer):
-        _check_ranks(config, ranks)
+    if topology is None:  # a plan made on its own (tests, tools, the memory check's re-plans)
+        topology = plan_topology(config, device, actor_parameters)
+        if topology.n_ranks != trainer.nnodes * trainer.n_gpus_per_node:
+            # ranks the config's own count does not give (cpu_ranks_per_node, one CPU rank for a large actor),
+            # which a config check without the model's size did not see
+            check_topology(config, topology)
+    per_node, ranks, n = topology.ranks_per_node, topology.n_ranks, rollout.n
+    sp, critic_sp, engine = topology.sequence_parallel, topology.critic_sequence_parallel, topology.rollout_engine
     dp, critic_dp = ranks // sp, ranks // critic_sp
-    engine = resolve_rollout_name(rollout.name, device, actor_parameters,
-                                  vllm_problems=lambda: vllm_config_problems(rollout, model.path, device, ranks,
-                                                                             "actor_rollout_ref.rollout"),
-                                  tensor_parallel=rollout.tensor_model_parallel_size)
     use_critic = critic_enabled(config)
     actor_update = UpdateBatches(
         actor.ppo_mini_batch_size * n // dp,
@@ -293,6 +248,7 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
         reward_model_server=reward_server,
         remove_padding=bool(model.use_remove_padding),
         critic_remove_padding=bool(config.critic.model.use_remove_padding),
+        reward_model_remove_padding=bool(config.reward_model.model.use_remove_padding),
         actor_param_dtype=COMPUTE_DTYPES[actor.fsdp_config.model_dtype],
         ref_param_dtype=COMPUTE_DTYPES[ref.fsdp_config.model_dtype],
         critic_param_dtype=COMPUTE_DTYPES[config.critic.model.fsdp_config.model_dtype],
@@ -315,4 +271,9 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
         critic_update=critic_update,
         critic_forward=critic_forward,
         reward_model_forward=reward_model_forward,
+        lora=plan_lora(model),
+        critic_model_path=(config.critic.model.path or model.path) if use_critic else None,
+        critic_tokenizer_path=(config.critic.model.tokenizer_path or model.tokenizer_path or model.path)
+        if use_critic else None,
+        greedy_baseline=greedy_baseline(algorithm.adv_estimator),
     )

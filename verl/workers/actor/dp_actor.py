@@ -30,7 +30,7 @@ from verl.utils.packing import (
     unpack_responses,
     uses_varlen_attention,
 )
-from verl.utils.run_plan import UpdateBatches
+from verl.utils.run_plan import MicroBatches, UpdateBatches
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
 from verl.utils.torch_functional import LOGITS_CHUNK, logprobs_and_entropy
 from verl.utils.ulysses import ulysses_forward
@@ -140,8 +140,9 @@ class DataParallelPPOActor:
     """
 
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: torch.optim.Optimizer | None = None,
-                 *, use_remove_padding: bool, batches: UpdateBatches | None = None, fused_logprobs: bool = False,
-                 activation_offload: bool = False, sp_group=None):
+                 *, use_remove_padding: bool, batches: UpdateBatches | None = None,
+                 log_prob: MicroBatches | None = None, fused_logprobs: bool = False, activation_offload: bool = False,
+                 sp_group=None):
         self.config = config
         # Ulysses sequence parallelism: the ranks of `sp_group` hold the same micro-batches and each runs the model
         # on one piece of every row (`_forward_sequence_parallel`); None: whole rows.
@@ -151,6 +152,9 @@ class DataParallelPPOActor:
         self.fused_logprobs = fused_logprobs
         self.activation_offload = activation_offload
         self.batches = batches  # the plan's UpdateBatches: this rank's mini- and micro-batches (needed to update)
+        # The plan's micro-batches of the no-grad log-prob pass (the old log-probs' or the reference's); None: the
+        # rank's whole share in one forward.
+        self.log_prob = log_prob or MicroBatches(None, None, "log_prob_micro_batch_size_per_gpu")
         self.use_remove_padding = use_remove_padding
         # Log-prob and entropy temporaries for LOGITS_CHUNK positions at a time, and recomputed in the backward.
         self.logits_chunk_size = LOGITS_CHUNK if option(config, "entropy_from_logits_with_chunking", ACTOR) else None
@@ -287,16 +291,15 @@ class DataParallelPPOActor:
                          calculate_sum_pi_squared: bool = False):
         """Log-probs (and entropy) of `responses` under the current weights; no gradient.
 
-        meta_info: `temperature`, `micro_batch_size` (sequences per forward), `use_dynamic_bsz`, `max_token_len`.
+        meta_info: `temperature`. The micro-batches are the plan's (`log_prob`, given at construction).
         Returns `(log_probs, entropys or None)`, each `(batch, response_len)`; with `calculate_sum_pi_squared`,
         `(log_probs, entropys or None, sum_pi_squared)`, sum_pi_squared = sum_v softmax(logits / T)_v^2 at each
         response position (0 on padding with use_remove_padding), which the optimal token baseline needs.
         """
         self.actor_module.eval()
         temperature = data.meta_info["temperature"]
-        max_token_len = data.meta_info["max_token_len"] if data.meta_info.get("use_dynamic_bsz") else None
         batch = data.select(batch_keys=FORWARD_KEYS).batch
-        micro_batches, index_map = split_micro_batches(batch, data.meta_info.get("micro_batch_size"), max_token_len)
+        micro_batches, index_map = split_micro_batches(batch, self.log_prob.size, self.log_prob.max_token_len)
         parts = [self._forward_micro_batch(micro_batch, temperature, calculate_entropy, calculate_sum_pi_squared)
                  for micro_batch in micro_batches]
         reshard_all(self.actor_module)  # with reshard_after_forward=false, no backward pass would free them

@@ -16,7 +16,7 @@ from verl.utils.typed_config import Section, config_section
 ROLLOUT = "actor_rollout_ref.rollout"
 ENTROPY_MODES = ("topk", "exact")
 BRANCH_RULES = ("arpo", "aepo")
-# async: verl 0.9's mode (its only one): the per-sample agent loops of verl/workers/rollout/async_agent.py.
+# async: verl 0.9's mode (its only one): the per-sample agent loops of verl/workers/rollout/agent_loops.py.
 ROLLOUT_MODES = ("sync", "sync_with_tool", "async")
 # verl's multi_turn.max_tool_response_length default: the characters of a tool result that mode=async's loops keep.
 VERL_TOOL_RESPONSE_CHARS = 256
@@ -38,7 +38,7 @@ def branch_seed(seed: int | None, rank: int) -> int | None:
 
 @config_section(ROLLOUT)
 class BranchingConfig(Section):
-    """The ARPO / AEPO knobs (formulas in verl/workers/rollout/agent_loop.py). initial_rollouts None = rollout.n."""
+    """The ARPO / AEPO knobs (formulas in verl/workers/rollout/branching.py). initial_rollouts None = rollout.n."""
 
     initial_rollouts: int | None
     beam_size: float  # branch attempts per trajectory and tool round, plus one; an integer (the reference writes 1.)
@@ -184,7 +184,7 @@ class RolloutConfig(BranchingConfig):
     tools: ToolsConfig
 
     def check(self, problems: list[str]) -> None:
-        from verl.workers.rollout.base import known_rollout_names
+        from verl.workers.rollout.registry import known_rollout_names
 
         super().check(problems)
         p = self.__config_prefix__

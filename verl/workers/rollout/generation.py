@@ -6,7 +6,7 @@
 - `PlainSampling` (mode `plain`, rollout.mode=sync): the engine samples n completions of every prompt
   (`base.generate_sequences`).
 - `ToolRounds` (mode `tool_rounds`, rollout.mode=sync_with_tool): the seeds' round-based tool loop with ARPO's and
-  AEPO's branching (`agent_loop.AgentLoop`); a prompt's n trajectories are made together.
+  AEPO's branching (`tool_rounds.ToolRoundLoop`); a prompt's n trajectories are made together.
 - `AgentLoops` (mode `agent_loops`, rollout.mode=async): verl's per-sample agent loops (`async_agent.AgentLoopManager`),
   each prompt's n loops independent, or branching from one another with ARPO's beam.
 
@@ -22,13 +22,9 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from verl.protocol import DataProto
-from verl.workers.rollout.base import (
-    RolloutEngine,
-    SamplingParams,
-    generate_sequences,
-    uses_agent_loop,
-    uses_async_agent,
-)
+from verl.workers.rollout.base import RolloutEngine, SamplingParams
+from verl.workers.rollout.layout import generate_sequences
+from verl.workers.rollout.modes import uses_agent_loop, uses_async_agent
 
 GENERATION_MODES = ("plain", "tool_rounds", "agent_loops")
 
@@ -62,9 +58,9 @@ class PlainSampling:
 
 class ToolRounds:
     def __init__(self, engine: RolloutEngine, tokenizer, rollout_config: Any, rank: int):
-        from verl.workers.rollout.agent_loop import build_agent_loop
+        from verl.workers.rollout.tool_rounds import build_tool_round_loop
 
-        self.loop = build_agent_loop(engine, tokenizer, rollout_config, rank)
+        self.loop = build_tool_round_loop(engine, tokenizer, rollout_config, rank)
         self.tokenizer, self.response_length = tokenizer, int(rollout_config.response_length)
 
     def generate(self, prompts: DataProto, params: SamplingParams, n: int, validate: bool) -> DataProto:
@@ -78,7 +74,7 @@ class ToolRounds:
 
 class AgentLoops:
     def __init__(self, engine: RolloutEngine, tokenizer, config: Any, rank: int):
-        from verl.workers.rollout.async_agent import build_agent_loop_manager
+        from verl.workers.rollout.agent_loops import build_agent_loop_manager
 
         self.manager = build_agent_loop_manager(engine, tokenizer, config, rank)
         self.tokenizer, self.response_length = tokenizer, int(config.rollout.response_length)

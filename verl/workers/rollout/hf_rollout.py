@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from verl.utils.memory import DTYPE_BYTES, FLOAT32_BYTES, EngineClaim, EngineContext
 from verl.utils.torch_functional import (
     STATIC_PROMPT_BUCKET,
     compute_position_id_with_mask,
@@ -52,15 +53,10 @@ from verl.utils.torch_functional import (
     pad_2d_list_to_tensor,
     tensor_checksum,
 )
-from verl.workers.rollout.base import (
-    CompletionOutput,
-    RolloutEngine,
-    SamplingParams,
-    config_value,
-    params_per_prompt,
-    register_rollout,
-)
+from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, params_per_prompt
 from verl.workers.rollout.decode_attention import use_grouped_decode_attention
+from verl.workers.rollout.registry import register_rollout
+from verl.workers.rollout.served import config_value
 
 # The static loop asks whether every row is done once every this many steps (a host sync each time).
 STATIC_DONE_CHECK = 16
@@ -68,6 +64,9 @@ STATIC_DONE_CHECK = 16
 # (and with it the addresses their CUDA graph was captured with: a new cache means recording the graph again, which
 # torch allows 128 times per graph before it stops using graphs).
 STATIC_CACHES_KEPT = 2
+# The sampling temporaries of one decoding step (float logits, / T, filtered, softmax, log-softmax, entropy) per
+# sequence and vocabulary entry, as the memory estimate counts them.
+SAMPLING_COPIES = 6
 # Why a row of the static loop finished, in _finished's order of precedence.
 _RUNNING, _EOS, _STOP_TOKEN, _LENGTH = 0, 1, 2, 3
 
@@ -256,6 +255,8 @@ class HFRollout(RolloutEngine):
     weights_follow: the caller pushes the actor's full weights after every update, so on CPU `sleep` may free them.
     """
 
+    takes_weights_in_place = True  # `weight_targets`: the module's own parameters and buffers
+
     def __init__(
         self,
         module: torch.nn.Module,
@@ -264,6 +265,7 @@ class HFRollout(RolloutEngine):
         device: str | torch.device = "cpu",
         seed: int | None = None,
         weights_follow: bool = False,
+        static_decode: bool | None = None,
     ):
         self.device = torch.device(device)
         self.module = module.to(self.device)
@@ -274,7 +276,9 @@ class HFRollout(RolloutEngine):
         self._param_shapes = {param: param.shape for param in self.module.parameters()}
         self.tokenizer = tokenizer
         self.micro_batch_size = config_value(config, "micro_batch_size")
-        self.static_decode = uses_static_decode(config_value(config, "static_decode", default=None), self.device.type)
+        if static_decode is None:  # an engine built on its own (no run plan): its config's setting on its device
+            static_decode = uses_static_decode(config_value(config, "static_decode", default=None), self.device.type)
+        self.static_decode = bool(static_decode)
         # The compiled CUDA graphs read the weights at the addresses they were captured with: freeing the weights
         # between rollouts would re-record the graphs every step (and after torch's re-record limit, 128, run the
         # decode step uncompiled), so such an engine keeps them on the GPU and the push writes into them in place.
@@ -309,10 +313,11 @@ class HFRollout(RolloutEngine):
 
     @classmethod
     def build(cls, *, model_path, tokenizer, config, device, seed, load_module, weights_follow, tokenizer_path=None,
-              trust_remote_code=False, hf_overrides=None) -> HFRollout:
-        """See `RolloutEngine.build`: this engine runs the module `load_module()` returns."""
+              trust_remote_code=False, hf_overrides=None, static_decode: bool | None = None) -> HFRollout:
+        """See `RolloutEngine.build`: this engine runs the module `load_module()` returns. `static_decode`: the run
+        plan's choice of decode loop (`RunPlan.hf_static_decode`), which the worker passes."""
         return cls(module=load_module(), tokenizer=tokenizer, config=config, device=device, seed=seed,
-                   weights_follow=weights_follow)
+                   weights_follow=weights_follow, static_decode=static_decode)
 
     # ---- generation -------------------------------------------------------------------------------------------
 
@@ -671,3 +676,29 @@ class HFRollout(RolloutEngine):
         targets = dict(self.module.named_parameters(remove_duplicate=False))
         targets.update(self.module.named_buffers(remove_duplicate=False))
         return targets
+
+    @classmethod
+    def memory_claim(cls, ctx: EngineContext) -> EngineClaim:
+        """Its own copy of the model in hf_engine_dtype (float32 on CPU, rollout.dtype on CUDA) and a KV cache for the
+        sequences it decodes at once; with free_cache_engine the copy is freed (or moved to host) between rollouts.
+        On CUDA the static loop's compiled graphs read the weights and the cache where they were captured: both stay
+        all step, and so does the graphs' private memory pool, which holds its step's sampling temporaries."""
+        actor, plan = ctx.actor, ctx.plan
+        prompt, response = ctx.prompt_length, ctx.response_length
+        decoding = min(ctx.rollout.micro_batch_size or ctx.rows, ctx.rows)
+        e = DTYPE_BYTES[plan.hf_engine_dtype]
+        generate = {"hf engine weights": e * actor.parameters}
+        if plan.hf_static_decode:  # one preallocated cache of the bucketed prompt and the whole response
+            bucketed = -(-prompt // STATIC_PROMPT_BUCKET) * STATIC_PROMPT_BUCKET
+            generate["KV cache"] = decoding * 2 * actor.kv_dim * (bucketed + response) * e * actor.layers
+        else:  # the cache grows by concatenation: the step's new tensors of a layer exist beside the old ones
+            generate["KV cache"] = decoding * 2 * actor.kv_dim * (prompt + response) * e * (actor.layers + 1)
+        sampling = decoding * actor.vocab * FLOAT32_BYTES * SAMPLING_COPIES  # the sampler's float32 logits
+        generate["prefill"] = decoding * prompt * (2 * e * actor.hidden + actor.layer_temporaries(e)) + sampling
+        resident = {}
+        if ctx.cuda and plan.hf_static_decode:
+            resident = {"hf engine weights": generate.pop("hf engine weights"), "KV cache": generate.pop("KV cache"),
+                        "decode graph pool": sampling}
+        elif not ctx.rollout.free_cache_engine:
+            resident["hf engine weights"] = generate.pop("hf engine weights")
+        return EngineClaim(resident=resident, generate=generate)

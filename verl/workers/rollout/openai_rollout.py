@@ -28,14 +28,9 @@ from typing import Any
 import torch
 
 from verl.utils.openai_endpoint import Endpoint, EndpointConfig, EndpointError, map_concurrently
-from verl.workers.rollout.base import (
-    CompletionOutput,
-    RolloutEngine,
-    SamplingParams,
-    config_value,
-    params_per_prompt,
-    register_rollout,
-)
+from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, params_per_prompt
+from verl.workers.rollout.registry import register_rollout
+from verl.workers.rollout.served import checked_finish_reason, config_value
 
 _NOT_TRAINABLE = (
     "rollout.name=openai generates with a model served elsewhere and cannot receive the actor's weights; "
@@ -136,10 +131,9 @@ class OpenAIRollout(RolloutEngine):
                 f"{self.endpoint.url} returned no token ids; rollout.name=openai needs a server that returns them "
                 "when asked with return_token_ids=true (vLLM's OpenAI server does)"
             )
-        if choice.finish_reason not in ("stop", "length"):
-            raise EndpointError(f"{self.endpoint.url} ended a completion with finish_reason={choice.finish_reason!r}")
+        finish_reason = checked_finish_reason(choice.finish_reason, self.endpoint.url, error=EndpointError)
         nan = [math.nan] * len(token_ids)
-        return CompletionOutput(list(token_ids), nan, list(nan), choice.finish_reason, extra.get("stop_reason"))
+        return CompletionOutput(list(token_ids), nan, list(nan), finish_reason, extra.get("stop_reason"))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         raise NotImplementedError(_NOT_TRAINABLE)

@@ -32,28 +32,26 @@ restores everything.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from verl.workers.rollout.base import (
-    CompletionOutput,
-    RolloutEngine,
-    SamplingParams,
+from verl.utils.memory import NO_CLAIM, EngineClaim, EngineContext, gpu_share_claim
+from verl.workers.rollout.base import CompletionOutput, SamplingParams, params_per_prompt
+from verl.workers.rollout.registry import register_rollout
+from verl.workers.rollout.selection import cuda_only_engine_problems, cuda_only_engine_refusals
+from verl.workers.rollout.served import (
+    PushedWeightsEngine,
     WeightBuckets,
     check_prompts_not_empty,
+    checked_finish_reason,
     config_value,
-    cuda_only_engine_problems,
-    cuda_only_engine_refusals,
     engine_extra_kwargs,
     engine_load_format,
     engine_max_model_len,
-    params_per_prompt,
-    register_rollout,
+    token_entropies,
 )
-from verl.workers.rollout.vllm_rollout import entropy_from_top_log_probs
 
 # Bytes of weights sent per update_weights_from_tensor call: large enough that the per-call round trip to the
 # scheduler does not count, small enough that a bucket of host tensors (sent through shared memory) stays modest.
@@ -76,7 +74,7 @@ def _check(result, what: str) -> None:
 
 
 @register_rollout("sglang")
-class SGLangRollout(RolloutEngine):
+class SGLangRollout(PushedWeightsEngine):
     """SGLang behind the engine interface (see the module docstring).
 
     model_path / tokenizer_path: local HF directories (SGLang loads its own tokenizer, for stop strings). config: the
@@ -131,7 +129,6 @@ class SGLangRollout(RolloutEngine):
         kwargs.update(engine_extra_kwargs(config, "sglang"))
         self.engine = Engine(**kwargs)
         self._released: set[str] = set()
-        self.pushed_checksum: float | None = None
 
     @classmethod
     def build(cls, *, model_path, tokenizer, config, device, seed, load_module, weights_follow, tokenizer_path=None,
@@ -185,8 +182,7 @@ class SGLangRollout(RolloutEngine):
         "output_token_logprobs": [(logprob, id, text)], "output_top_logprobs": [[(logprob, id, text)] or None]}}."""
         meta = output["meta_info"]
         reason = meta.get("finish_reason") or {}
-        if reason.get("type") not in ("stop", "length"):
-            raise RuntimeError(f"SGLang ended a completion with finish_reason={reason!r}")
+        finish_reason = checked_finish_reason(reason.get("type"), "SGLang", reported=reason)
         token_ids = [int(t) for t in output["output_ids"]]
         steps = meta["output_token_logprobs"]
         if len(steps) != len(token_ids):
@@ -196,13 +192,11 @@ class SGLangRollout(RolloutEngine):
         if params.logprobs:
             top = [_top_log_probs(candidates, token, log_prob) for candidates, token, log_prob
                    in zip(meta["output_top_logprobs"], token_ids, log_probs)]
-            entropies = [entropy_from_top_log_probs(values) for values in top]
-        else:
-            entropies = [-log_prob for log_prob in log_probs]
         matched = reason.get("matched")
         # "matched" is the stop string, or the token id that stopped (EOS too, which the interface reports as None).
         stop_reason = matched if isinstance(matched, str) or matched in (params.stop_token_ids or ()) else None
-        return CompletionOutput(token_ids, log_probs, entropies, reason["type"], stop_reason, top)
+        return CompletionOutput(token_ids, log_probs, token_entropies(log_probs, top), finish_reason, stop_reason,
+                                top)
 
     # ---- weights and memory -----------------------------------------------------------------------------------
 
@@ -230,11 +224,7 @@ class SGLangRollout(RolloutEngine):
         finally:
             if begin is not None:
                 _check(self.engine.end_weight_update(), "end_weight_update")
-        self.pushed_checksum = buckets.checksum
-
-    def weights_checksum(self) -> float:
-        """The sum of the weights last pushed (they live in SGLang's process); NaN before the first push."""
-        return math.nan if self.pushed_checksum is None else self.pushed_checksum
+        self.pushed_checksum = buckets.checksum  # the weights live in SGLang's process
 
     def sleep(self) -> None:
         """With free_cache_engine: release the weights, the KV cache and the CUDA graphs (SGLang's memory saver)."""
@@ -249,6 +239,11 @@ class SGLangRollout(RolloutEngine):
         if tags:
             self.engine.resume_memory_occupation(tags=tags)
             self._released.difference_update(tags)
+
+    @classmethod
+    def memory_claim(cls, ctx: EngineContext) -> EngineClaim:
+        """Its mem_fraction_static (rollout.gpu_memory_utilization) of the GPU; it runs on CUDA only."""
+        return gpu_share_claim(ctx, "sglang") if ctx.cuda else NO_CLAIM
 
 
 def _top_log_probs(candidates, token: int, log_prob: float) -> list[float]:

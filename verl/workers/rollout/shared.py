@@ -31,6 +31,10 @@ class NodeSharedEngine(RolloutEngine):
     threads: torch threads rank 0 uses while it generates (the cores of all ranks); restored afterwards.
     """
 
+    # Every rank joins the gather of an in-place push (the others only send their shards): rank 0's engine is an HF
+    # engine (rollout.share_cpu_engine), which takes the weights in place.
+    takes_weights_in_place = True
+
     def __init__(self, engine: RolloutEngine | None, threads: int):
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
@@ -51,7 +55,7 @@ class NodeSharedEngine(RolloutEngine):
 
     @property
     def weights_released(self) -> bool:
-        return bool(self.leads and getattr(self.engine, "weights_released", False))
+        return bool(self.leads and self.engine.weights_released)
 
     # ---- generation -------------------------------------------------------------------------------------------
 
@@ -118,14 +122,6 @@ class NodeSharedEngine(RolloutEngine):
         box = [self.engine.weights_checksum() if self.leads else None]
         dist.broadcast_object_list(box, src=LEADER)
         return box[0]
-
-    def __getattr__(self, name: str):
-        # Engine-specific settings the agent loop reads (eos ids, tokenizer) come from rank 0's engine.
-        engine = self.__dict__.get("engine")
-        if engine is None:
-            raise AttributeError(name)
-        return getattr(engine, name)
-
 
 class _Failure:
     def __init__(self, message: str):

@@ -28,40 +28,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 from verl.workers.config.rollout import tool_result_limit
-from verl.workers.rollout.async_agent import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, new_request_id
+from verl.workers.rollout.agent_loops import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, new_request_id
 from verl.workers.rollout.tool_formats import HERMES_OPEN, HermesFormat, ToolCall, truncate_result
+from verl.workers.rollout.trajectory import Trajectory
 from verl.workers.tools.openai_tools import schema_dict, schema_dicts
-
-
-@dataclass
-class Trace:
-    """A trajectory under construction: its response so far (mask 1 on sampled tokens, 0 on tool output) and
-    counters. `h_init` is its first segment's entropy (ARPO); a branch copies a trace up to a tool result."""
-
-    response: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    log_probs: list[float] = field(default_factory=list)
-    entropies: list[float] = field(default_factory=list)
-    assistant_turns: int = 0
-    user_turns: int = 0
-    calls: int = 0
-    reward: float = 0.0
-    h_init: float | None = None
-    after_tool: bool = False
-
-    def copy(self) -> Trace:
-        return replace(self, response=list(self.response), mask=list(self.mask), log_probs=list(self.log_probs),
-                       entropies=list(self.entropies))
-
-    def extend(self, tokens: list[int], log_probs: list[float], entropies: list[float], mask: int) -> None:
-        self.response += tokens
-        self.mask += [mask] * len(tokens)
-        self.log_probs += log_probs
-        self.entropies += entropies
 
 
 class ToolAgentLoop(AgentLoopBase):
@@ -86,8 +59,8 @@ class ToolAgentLoop(AgentLoopBase):
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        trace: Trace = kwargs.pop("_trace", None) or Trace()
-        branch_hook: Callable[[Trace, float], None] | None = kwargs.pop("_branch_hook", None)
+        trace: Trajectory = kwargs.pop("_trace", None) or Trajectory()
+        branch_hook: Callable[[Trajectory, float], None] | None = kwargs.pop("_branch_hook", None)
         entropy: Callable[[Any], float] | None = kwargs.pop("_entropy", None)
         prompt_ids = await self._prompt_ids(kwargs)
         tools_kwargs = dict(kwargs.get("tools_kwargs") or {})
@@ -100,7 +73,7 @@ class ToolAgentLoop(AgentLoopBase):
                 if self.tools and self.format is not None and self.format.stop_strings \
                         and not isinstance(self.format, HermesFormat):
                     params["stop"] = list(self.server_manager.base.stop or []) + list(self.format.stop_strings)
-                before = trace.copy() if branch_hook is not None and trace.after_tool else None
+                before = trace.branch() if branch_hook is not None and trace.after_tool else None
                 start = time.perf_counter()
                 out = await self.server_manager.generate(new_request_id(), prompt_ids=prompt_ids + trace.response,
                                                          sampling_params=params)

@@ -37,7 +37,6 @@ versions.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable
 from dataclasses import fields
@@ -45,22 +44,22 @@ from typing import Any
 
 import torch
 
-from verl.workers.rollout.base import (
-    CompletionOutput,
-    RolloutEngine,
-    SamplingParams,
+from verl.utils.fsdp_utils import COMPUTE_DTYPES
+from verl.utils.memory import DTYPE_BYTES, NO_CLAIM, EngineClaim, EngineContext
+from verl.workers.rollout.base import CompletionOutput, SamplingParams, params_per_prompt
+from verl.workers.rollout.registry import register_rollout
+from verl.workers.rollout.selection import cuda_only_engine_problems, cuda_only_engine_refusals
+from verl.workers.rollout.served import (
+    PushedWeightsEngine,
     WeightBuckets,
     check_prompts_not_empty,
+    checked_finish_reason,
     config_value,
-    cuda_only_engine_problems,
-    cuda_only_engine_refusals,
     engine_extra_kwargs,
     engine_load_format,
     engine_max_model_len,
-    params_per_prompt,
-    register_rollout,
+    token_entropies,
 )
-from verl.workers.rollout.vllm_rollout import entropy_from_top_log_probs
 
 # Bytes of weights sent per update call: enough that the round trip to the engine's actor does not count, few enough
 # that the handles of one bucket stay a short message.
@@ -128,7 +127,7 @@ def _top_log_probs(step: dict) -> list[float]:
 
 
 @register_rollout("trtllm")
-class TRTLLMRollout(RolloutEngine):
+class TRTLLMRollout(PushedWeightsEngine):
     """TensorRT-LLM behind the engine interface (see the module docstring).
 
     model_path / tokenizer_path: local HF directories (TensorRT-LLM loads its own tokenizer, for EOS and stop
@@ -195,7 +194,6 @@ class TRTLLMRollout(RolloutEngine):
         kwargs.update(engine_extra_kwargs(config, "trtllm"))
         self.llm = LLM(**kwargs)
         self._asleep = False
-        self.pushed_checksum: float | None = None
 
     @classmethod
     def build(cls, *, model_path, tokenizer, config, device, seed, load_module, weights_follow, tokenizer_path=None,
@@ -248,19 +246,14 @@ class TRTLLMRollout(RolloutEngine):
     def _completion(output, params: SamplingParams) -> CompletionOutput:
         """Our CompletionOutput from a TensorRT-LLM CompletionOutput: `token_ids`, `logprobs` (one {token id:
         Logprob(logprob, rank)} per token), `finish_reason` and `stop_reason` (the stop string or stop token id)."""
-        if output.finish_reason not in ("stop", "length"):
-            raise RuntimeError(f"{_NAME} ended a completion with finish_reason={output.finish_reason!r}")
+        finish_reason = checked_finish_reason(output.finish_reason, _NAME)
         token_ids = [int(t) for t in output.token_ids]
         if len(output.logprobs) != len(token_ids):
             raise RuntimeError(f"{_NAME} returned {len(output.logprobs)} log-probs for {len(token_ids)} tokens")
         log_probs = [float(step[token].logprob) for step, token in zip(output.logprobs, token_ids)]
-        top = None
-        if params.logprobs:
-            top = [_top_log_probs(step) for step in output.logprobs]
-            entropies = [entropy_from_top_log_probs(values) for values in top]
-        else:
-            entropies = [-log_prob for log_prob in log_probs]
-        return CompletionOutput(token_ids, log_probs, entropies, output.finish_reason, output.stop_reason, top)
+        top = [_top_log_probs(step) for step in output.logprobs] if params.logprobs else None
+        return CompletionOutput(token_ids, log_probs, token_entropies(log_probs, top), finish_reason,
+                                output.stop_reason, top)
 
     # ---- weights and memory -----------------------------------------------------------------------------------
 
@@ -281,11 +274,7 @@ class TRTLLMRollout(RolloutEngine):
             send(bucket)
         # No handles: the worker runs the model's post-loading hooks and drops the prefix cache.
         self.llm._collective_rpc("update_weights", args=(None,))
-        self.pushed_checksum = buckets.checksum
-
-    def weights_checksum(self) -> float:
-        """The sum of the weights last pushed (they live in the engine's process); NaN before the first push."""
-        return math.nan if self.pushed_checksum is None else self.pushed_checksum
+        self.pushed_checksum = buckets.checksum  # the weights live in the engine's process
 
     def sleep(self) -> None:
         """With free_cache_engine: release the KV cache (TensorRT-LLM's sleep, tag "kv_cache")."""
@@ -299,3 +288,18 @@ class TRTLLMRollout(RolloutEngine):
             self.llm._collective_rpc("wakeup", args=(list(RELEASED_TAGS),))
             self.llm._collective_rpc("reset_prefix_cache")
             self._asleep = False
+
+    @classmethod
+    def memory_claim(cls, ctx: EngineContext) -> EngineClaim:
+        """On CUDA (its only device): its own copy of the weights in rollout.dtype, never released (sleep frees only
+        the KV cache), and a KV cache of gpu_memory_utilization of what is free when it starts
+        (free_gpu_memory_fraction), kept between rollouts without free_cache_engine."""
+        if not ctx.cuda:
+            return NO_CLAIM
+        dtype_bytes = DTYPE_BYTES.get(COMPUTE_DTYPES.get(str(ctx.rollout.dtype), ""), 2)
+        weights = dtype_bytes * ctx.actor.parameters // ctx.rollout.tensor_model_parallel_size
+        free = max(0, ctx.capacity - ctx.resident_bytes - weights)
+        kv_cache = {"trtllm KV cache (gpu_memory_utilization)": int(ctx.rollout.gpu_memory_utilization * free)}
+        if ctx.rollout.free_cache_engine:
+            return EngineClaim(resident={"trtllm weights": weights}, generate=kv_cache)
+        return EngineClaim(resident={"trtllm weights": weights, **kv_cache})

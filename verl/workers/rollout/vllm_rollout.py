@@ -36,26 +36,25 @@ from __future__ import annotations
 import contextlib
 import glob
 import logging
-import math
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from verl.utils.memory_estimate import VLLM_CPU_KV_CACHE_BYTES
-from verl.workers.rollout.base import (
-    CompletionOutput,
-    RolloutEngine,
-    SamplingParams,
+from verl.utils.memory import FLOAT32_BYTES, GIB, EngineClaim, EngineContext, gpu_share_claim
+from verl.workers.rollout.base import CompletionOutput, SamplingParams, params_per_prompt
+from verl.workers.rollout.registry import register_rollout
+from verl.workers.rollout.served import (
+    PushedWeightsEngine,
     WeightBuckets,
     check_prompts_not_empty,
+    checked_finish_reason,
     config_value,
     engine_extra_kwargs,
     engine_load_format,
     engine_max_model_len,
-    params_per_prompt,
-    register_rollout,
+    token_entropies,
 )
 
 # vLLM's in-place weight push hands the engine core a function holding the actor's tensors (`collective_rpc`), so
@@ -63,6 +62,18 @@ from verl.workers.rollout.base import (
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 # vLLM logs every weight push and cache reset at INFO; keep the trainer's per-step lines readable unless asked.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+# vLLM's KV cache per rank on a CPU unless engine_kwargs.vllm.kv_cache_memory_bytes or VLLM_CPU_KVCACHE_SPACE sets it
+# (VLLMRollout starts the engine with it): a fixed size, as vLLM's CPU backend would otherwise read
+# gpu_memory_utilization as a share of all host memory.
+VLLM_CPU_KV_CACHE_BYTES = 1 << 30
+# vLLM's CPU backend keeps its float32 weights and, for the vocabulary matrices, also a copy packed for its matmul
+# kernels (the linear layers' packed copy replaces their weight): one of the input embedding and one of the LM head,
+# tied or not (measured: benchmarks/README.md, "Memory estimate: measurements behind the constants").
+VLLM_CPU_PACKED_VOCAB_COPIES = 2
+# What a worker process holds more once a vLLM engine has run in it on a CPU, its models aside: the libraries and
+# kernels vLLM loads on first use (measured: benchmarks/README.md, as above).
+VLLM_CPU_RUNTIME_BYTES = 256 * 1024**2
 
 
 class _DropRotaryReloadWarning(logging.Filter):
@@ -76,11 +87,6 @@ class _DropRotaryReloadWarning(logging.Filter):
 # Engine arguments taken from the rollout config as they are (verl's names are vLLM's).
 _PASSTHROUGH_KEYS = ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "enable_prefix_caching",
                      "enforce_eager", "disable_log_stats")
-
-
-def entropy_from_top_log_probs(log_probs: Iterable[float]) -> float:
-    """-sum exp(l) l over the given log-probs; tokens a top-k / top-p filter removed (-inf) add nothing."""
-    return -sum(math.exp(lp) * lp for lp in log_probs if math.isfinite(lp))
 
 
 def check_cpu_head_size(hf_config) -> None:
@@ -199,7 +205,7 @@ def _load_weights(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Callable
 
 
 @register_rollout("vllm")
-class VLLMRollout(RolloutEngine):
+class VLLMRollout(PushedWeightsEngine):
     """vLLM behind the engine interface (see the module docstring).
 
     model_path / tokenizer_path: local HF directories. tokenizer: the policy's HF tokenizer (EOS ids). config: the
@@ -291,7 +297,6 @@ class VLLMRollout(RolloutEngine):
         else:
             self.tp_rank, self._tp_group, self._tp_ranks = 0, None, [0]
         self._asleep: set[str] = set()
-        self.pushed_checksum: float | None = None
         self._in_flight: dict[str, SamplingParams] = {}  # streamed requests (add_request) not finished yet
 
     @classmethod
@@ -342,21 +347,15 @@ class VLLMRollout(RolloutEngine):
     def _completion(output, params: SamplingParams) -> CompletionOutput:
         """Our CompletionOutput from a vLLM CompletionOutput (log-probs, entropies and top log-probs per token)."""
         token_ids = list(output.token_ids)
-        log_probs, entropies, top = [], [], [] if params.logprobs else None
-        for token, step in zip(token_ids, output.logprobs):
-            log_prob = step[token].logprob
-            log_probs.append(log_prob)
-            if params.logprobs:
-                # The top-k by rank, then the sampled token when it is not among them (as the HF engine returns).
-                values = [entry.logprob for entry in sorted(step.values(), key=lambda e: e.rank)]
-                top.append(values)
-                entropies.append(entropy_from_top_log_probs(values))
-            else:
-                entropies.append(-log_prob)
-        finish_reason = "length" if output.finish_reason == "length" else "stop"
-        if output.finish_reason not in ("stop", "length"):
-            raise RuntimeError(f"vLLM ended a completion with finish_reason={output.finish_reason!r}")
-        return CompletionOutput(token_ids, log_probs, entropies, finish_reason, output.stop_reason, top)
+        log_probs = [step[token].logprob for token, step in zip(token_ids, output.logprobs)]
+        top = None
+        if params.logprobs:
+            # The top-k by rank, then the sampled token when it is not among them (as the HF engine returns).
+            top = [[entry.logprob for entry in sorted(step.values(), key=lambda e: e.rank)]
+                   for step in output.logprobs[:len(token_ids)]]
+        finish_reason = checked_finish_reason(output.finish_reason, "vLLM")
+        return CompletionOutput(token_ids, log_probs, token_entropies(log_probs, top), finish_reason,
+                                output.stop_reason, top)
 
     # ---- continuous batching ---------------------------------------------------------------------------------
 
@@ -446,13 +445,8 @@ class VLLMRollout(RolloutEngine):
             self._asleep.discard("weights")
         pushed = WeightBuckets(named_tensors, device=self.device)
         self.llm.collective_rpc(_load_weights(pushed.pairs()))
-        self.pushed_checksum = pushed.checksum
+        self.pushed_checksum = pushed.checksum  # vLLM's CPU kernels repack weights: they cannot be read back
         self.llm.reset_prefix_cache()
-
-    def weights_checksum(self) -> float:
-        """The sum of the weights last pushed (vLLM's CPU kernels repack weights, so they cannot be read back);
-        NaN before the first push."""
-        return math.nan if self.pushed_checksum is None else self.pushed_checksum
 
     def sleep(self) -> None:
         """On GPU with free_cache_engine: weights to host memory, KV cache freed (vLLM sleep level 1)."""
@@ -464,3 +458,22 @@ class VLLMRollout(RolloutEngine):
         if self._asleep:
             self.llm.wake_up(tags=sorted(self._asleep))
             self._asleep.clear()
+
+    @classmethod
+    def memory_claim(cls, ctx: EngineContext) -> EngineClaim:
+        """On CUDA its gpu_memory_utilization of the GPU. On a CPU (no sleep mode there) all step: its float32 weights,
+        the packed vocabulary matrices (both split over the tensor-parallel ranks) and its KV cache, and the libraries
+        it loads into the process."""
+        if ctx.cuda:
+            return gpu_share_claim(ctx, "vllm")
+        kv = (ctx.rollout.engine_kwargs.get("vllm") or {}).get("kv_cache_memory_bytes")
+        if kv is None:
+            space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+            kv = int(float(space) * GIB) if space else VLLM_CPU_KV_CACHE_BYTES
+        actor, tp = ctx.actor, ctx.rollout.tensor_model_parallel_size
+        packed = VLLM_CPU_PACKED_VOCAB_COPIES * actor.vocab * actor.hidden * FLOAT32_BYTES
+        return EngineClaim(resident={
+            "vllm weights": FLOAT32_BYTES * actor.parameters // tp,
+            "vllm packed vocabulary matrices": packed // tp,
+            "vllm KV cache": int(kv),
+        }, process_bytes=VLLM_CPU_RUNTIME_BYTES)

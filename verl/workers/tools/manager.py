@@ -41,7 +41,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from verl.utils.config import ConfigError, default_of
-from verl.workers.rollout.base import uses_agent_loop
+from verl.workers.rollout.modes import uses_agent_loop
 from verl.workers.tools.base import BaseTool, ToolError
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The agent loop (verl/workers/rollout/agent_loop.py) on a scripted engine: masks, budgets, branching, entropy."""
+"""The agent loop (verl/workers/rollout/tool_rounds.py) on a scripted engine: masks, budgets, branching, entropy."""
 
 from __future__ import annotations
 
@@ -11,16 +11,10 @@ import torch
 from scripted_engine import TOK, ScriptedEngine
 
 from verl.protocol import DataProto
-from verl.workers.rollout.agent_loop import (
-    RESULT_TEMPLATE,
-    AgentLoop,
-    BranchingConfig,
-    attempt_branch,
-    branch_probability,
-    dynamic_initial_rollouts,
-    segment_entropy,
-)
+from verl.workers.config.rollout import BranchingConfig
 from verl.workers.rollout.base import CompletionOutput, SamplingParams
+from verl.workers.rollout.branching import attempt_branch, branch_probability, dynamic_initial_rollouts, segment_entropy
+from verl.workers.rollout.tool_rounds import RESULT_TEMPLATE, ToolRoundLoop
 
 
 @dataclass
@@ -57,7 +51,7 @@ def prompts_for(k: int) -> list[list[int]]:
 
 def make_loop(script, tools=None, seed=0, **config):
     config.setdefault("entropy_mode", "exact")
-    return AgentLoop(ScriptedEngine(script), TOK, tools if tools is not None else FakeTools(),
+    return ToolRoundLoop(ScriptedEngine(script), TOK, tools if tools is not None else FakeTools(),
                      BranchingConfig(**config), seed=seed)
 
 
@@ -237,7 +231,7 @@ def test_aepo_counts_consecutive_rounds_with_new_trajectories():
         seen.append(consecutive)
         return original(delta_h, consecutive, config, rng)
 
-    import verl.workers.rollout.agent_loop as agent_loop
+    import verl.workers.rollout.tool_rounds as agent_loop
 
     agent_loop.attempt_branch, saved = spy, agent_loop.attempt_branch
     try:

@@ -22,7 +22,7 @@ built in. A user loop subclasses `AgentLoopBase`, implements `async run(sampling
 and is registered with `@register("name")` in a module that `actor_rollout_ref.model.external_lib` imports, or
 listed in the YAML of `agent.agent_loop_config_path` (a list of `{name: ..., _target_: module.Class}`).
 
-**The batch.** Outputs become the trainer's rollout batch (`base.layout_rollout_batch`): prompts left-padded (to the
+**The batch.** Outputs become the trainer's rollout batch (`layout.layout_responses`): prompts left-padded (to the
 longest prompt a loop used when that is longer than the input's), responses right-padded and cut at
 `response_length`, `response_mask` 0 on tool tokens, the engine's log-probs and entropies where the model sampled.
 """
@@ -46,17 +46,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from verl.utils.torch_functional import compute_position_id_with_mask, pad_2d_list_to_tensor
-from verl.workers.rollout.base import (
-    RolloutEngine,
-    SamplingParams,
-    _unpadded_prompts,
-    layout_rollout_batch,
-    uses_async_agent,
-)
+from verl.workers.rollout.base import RolloutEngine, SamplingParams
+from verl.workers.rollout.layout import layout_responses, unpadded_prompts
+from verl.workers.rollout.modes import uses_async_agent
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +282,7 @@ class EngineServer:
         """Run batches until every loop has finished (in the thread that owns the engine), or until `alive()` says
         the threads running the loops are gone (a crash outside any loop: nothing would ask again). An engine that
         streams (`streams`, vLLM's) takes each request as it comes instead (`_stream`)."""
-        if getattr(self.engine, "streams", False):
+        if self.engine.streams:
             return self._stream(alive)
         first_deadline = time.monotonic() + FIRST_REQUEST_WAIT_S
         while True:
@@ -491,7 +486,7 @@ class AgentLoopManager:
                              f"the rows name {sorted(set(names))} (agent_name column or {AGENT}.default_agent_loop)")
         classes = {name: agent_loop_class(name) for name in set(names)}
         if "raw_prompt_ids" not in columns:  # loops read the prompt's ids as a column
-            columns["raw_prompt_ids"] = _unpadded_prompts(prompts)
+            columns["raw_prompt_ids"] = unpadded_prompts(prompts)
         sampling = {"temperature": 0.0 if params.greedy else params.temperature, "top_p": params.top_p,
                     "top_k": params.top_k, "max_tokens": min(params.max_tokens, response_length)}
         server = EngineServer(self.engine, replace(params, n=1), response_length)
@@ -573,13 +568,13 @@ class AgentLoopManager:
 
     async def _run_group(self, p: int, n: int, server: EngineServer, make_loop, kwargs: dict, sampling: dict,
                          results: dict[int, AgentLoopOutput], errors: dict[int, BaseException]) -> list[str]:
-        """ARPO inside verl's agent loop: prompt `p`'s n trajectories, as in agent_loop.py but without rounds. It
+        """ARPO inside verl's agent loop: prompt `p`'s n trajectories, as in tool_rounds.py but without rounds. It
         starts `initial_rollouts` tool_agent loops; when a segment sampled right after a tool result comes back with
         entropy change dH, up to `beam_size - 1` branch attempts (P = clip(p + w dH, 0, 1), while the budget lasts)
         each start a loop from the trajectory as it was at that tool result; when no loop of the prompt is left
         running, the rest of the budget starts as fresh samples. Fills `results[slot]`; returns each slot's origin
         (initial, branch, refill) in creation order."""
-        from verl.workers.rollout.agent_loop import attempt_branch, segment_entropy
+        from verl.workers.rollout.branching import attempt_branch, branch_attempts, initial_rollouts, segment_entropy
 
         cfg, tasks, created = self.branching, set(), []
         rng = random.Random(f"{self.seed}/{self.calls}/{p}")
@@ -594,11 +589,9 @@ class AgentLoopManager:
             tasks.add(asyncio.create_task(member(slot, trace)))
 
         def on_branch_point(before, delta_h: float) -> None:
-            for _ in range(min(cfg.beam_size - 1, n - len(created))):
+            for _ in range(branch_attempts(cfg.beam_size, n, len(created))):
                 if attempt_branch(delta_h, 0, cfg, rng):
-                    branch = before.copy()
-                    branch.after_tool = False  # a branch does not branch again at the point it starts from
-                    spawn("branch", branch)
+                    spawn("branch", before.branch())  # from the point it was at, without branching there again
 
         async def member(slot: int, trace) -> None:
             state = _LoopState(row=p * (1 << 20) + slot)  # batches keep prompt, then creation, order
@@ -612,7 +605,7 @@ class AgentLoopManager:
             finally:
                 server._finish(state)
 
-        for _ in range(min(max(cfg.initial_rollouts or n, 1), n)):
+        for _ in range(initial_rollouts(cfg, n, cfg.beam_size)):
             spawn("initial")
         while tasks:
             done, _ = await asyncio.wait(set(tasks))
@@ -636,20 +629,11 @@ class AgentLoopManager:
             non_tensors={**prompts.non_tensor_batch, "raw_prompt_ids": [list(r.prompt_ids) for r in results]},
             meta_info=dict(prompts.meta_info))
 
-        def pad(rows, value, dtype):
-            return pad_2d_list_to_tensor(rows, value, max_length=response_length, dtype=dtype).to(device)
-
         responses = [list(r.response_ids)[:response_length] for r in results]
         for r, response in zip(results, responses):
             if len(r.response_mask) < len(response):
                 raise ValueError(f"an agent loop returned {len(r.response_ids)} response ids but only "
                                  f"{len(r.response_mask)} response_mask entries")
-        lengths = torch.tensor([len(r) for r in responses], device=device)
-        mask = pad([list(r.response_mask)[:response_length] for r in results], 0, torch.long)
-        log_probs = pad([list(r.response_logprobs or [0.0] * len(r.response_ids))[:response_length]
-                         for r in results], 0.0, torch.float32)
-        entropies = pad([list(r.extra_fields.get("response_entropies") or [0.0] * len(r.response_ids))
-                         [:response_length] for r in results], 0.0, torch.float32)
         extra = {"finish_reason": [r.extra_fields.get("finish_reason", "stop") for r in results],
                  "stop_reason": [r.extra_fields.get("stop_reason") for r in results],
                  "tool_calls": [int(r.extra_fields.get("tool_calls", 0)) for r in results],
@@ -658,11 +642,13 @@ class AgentLoopManager:
             extra["agent_reward_score"] = [r.reward_score for r in results]
         if any("tool_rewards" in r.extra_fields for r in results):
             extra["tool_rewards"] = [float(r.extra_fields.get("tool_rewards", 0.0)) for r in results]
-        return layout_rollout_batch(
-            padded, pad(responses, pad_token_id, torch.long),
-            attended=torch.arange(response_length, device=device)[None, :] < lengths[:, None],
-            response_mask=mask, log_probs=log_probs * mask, entropys=entropies * mask,
-            extra_non_tensors=extra, pad_token_id=pad_token_id)
+        return layout_responses(
+            padded, responses, response_length, pad_token_id,
+            response_mask=[list(r.response_mask)[:response_length] for r in results],
+            log_probs=[list(r.response_logprobs or [0.0] * len(r.response_ids))[:response_length] for r in results],
+            entropies=[list(r.extra_fields.get("response_entropies") or [0.0] * len(r.response_ids))[:response_length]
+                       for r in results],
+            extra_non_tensors=extra)
 
     @staticmethod
     def _metrics(results: list[AgentLoopOutput], names: list[str], server: EngineServer,

@@ -1,4 +1,4 @@
-"""verl's agent loop (`rollout.mode=async`, verl/workers/rollout/async_agent.py and tool_agent.py) on a scripted
+"""verl's agent loop (`rollout.mode=async`, verl/workers/rollout/agent_loops.py and tool_agent.py) on a scripted
 engine: batching of concurrent loops, the batch layout, hermes and tag tool calls, registration and failures."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from scripted_engine import EOS, TOK, ScriptedEngine
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import collect_dp_proto
 from verl.workers.config.rollout import tool_result_limit
-from verl.workers.rollout.async_agent import (
+from verl.workers.rollout.agent_loops import (
     AgentLoopBase,
     AgentLoopManager,
     AgentLoopOutput,
@@ -360,8 +360,8 @@ def test_single_turn_agent_gives_the_samples_of_sync_mode_for_the_same_seed():
     batch (the HF engine on a toy Qwen2, sampling at temperature 1)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from verl.workers.rollout.base import generate_sequences
     from verl.workers.rollout.hf_rollout import HFRollout
+    from verl.workers.rollout.layout import generate_sequences
 
     class Tok:
         pad_token_id, eos_token_id = 0, 3

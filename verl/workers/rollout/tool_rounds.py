@@ -10,35 +10,9 @@ segment's last `<tag>` and the tag is run by the tool (all calls of a round run 
 ` <result>\n{text}\n</result>` is appended with loss mask 0: the model attends to tool output but is never trained on
 it. Generation then continues, up to `response_length` tokens in all.
 
-**Entropy of a segment** (ARPO, arXiv 2507.19849, sec. 3.1; the reference code's estimate): over the first k =
-`entropy_window` tokens of the segment,
-
-    H = sum_{t < k} sum_{l in L_t} -exp(l) * l / ln|V|
-
-where L_t holds the log-probs of the top `entropy_top_k` tokens at step t plus the sampled one's (`entropy_mode=topk`,
-the reference), or H = sum_{t < k} H_t / ln|V| with the full-vocabulary entropy H_t (`entropy_mode=exact`).
-H_init is the entropy of a trajectory's first segment (kept per trajectory and per call; branches inherit it).
-
-**ARPO branching.** When a segment that starts right after a tool result comes back, its entropy H_t is the
-entropy "after the tool call", and dH = H_t - H_init. The trajectory then gets up to `beam_size - 1` branch attempts
-(never more than the prompt's budget left); an attempt succeeds with probability
-
-    P = clip(p + w * dH, 0, 1)            (p = branch_probability, w = entropy_weight)
-
-and a branch copies the prefix up to and including that tool result (the tool is not run again) and samples its own
-continuation from there. With `branch_rule=aepo` (AEPO, arXiv 2510.14545, sec. 3) an attempt instead draws
-q = clip((U + w * dH) * max(0, 1 - lambda * c), 0, 1) with U ~ U(0, 1) and branches iff q >= p, where c counts the
-consecutive rounds in which the prompt got new trajectories (`branch_penalty` = lambda).
-
-**Budget.** A prompt starts with `initial_rollouts` trajectories (clamped to [1, n]); once none of its trajectories
-is active, all of its remaining budget is started at once as fresh samples. The first `n` trajectories of a prompt in
-creation order are returned, so every prompt has exactly n, sharing its GRPO group.
-
-**AEPO dynamic rollout** (`enable_dynamic_rollouts`): before the main loop, the entropy of a short sample
-(`initial_entropy_tokens` tokens) H_root and the mean segment entropy of one complete tool-using trajectory H_tool
-are measured per prompt, and the prompt starts with m = clip(int(n * sigmoid(beta * (H_root - H_tool))) + 1, 1, n)
-trajectories; the other n - m come from branches (or refills). The measured tool trajectory is kept as the first of
-the m (the reference throws it away after paying for its tool calls).
+**Branching** (ARPO, AEPO): the formulas, the branch rule and the budget are in branching.py; here a round's
+segments that start right after a tool result are the branch points, and a prompt's trajectories are the group
+that the budget counts.
 
 Fixes of bugs in the reference (the ARPO / AEPO released code): H_init per trajectory and call (not a dict that outlives
 calls); dH measured on the tokens after the tool result (not the segment before it); a tool tag with empty or missing
@@ -50,25 +24,23 @@ in parallel; `beam_size` must be an integer.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from verl.utils.torch_functional import pad_2d_list_to_tensor
 from verl.workers.config.rollout import BranchingConfig, branch_seed, tool_result_limit
-from verl.workers.rollout.base import (
-    CompletionOutput,
-    RolloutEngine,
-    SamplingParams,
-    _unpadded_prompts,
-    layout_rollout_batch,
+from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams
+from verl.workers.rollout.branching import (
+    attempt_branch,
+    branch_attempts,
+    dynamic_initial_rollouts,
+    initial_rollouts,
+    segment_entropy,
 )
+from verl.workers.rollout.layout import layout_responses, unpadded_prompts
 from verl.workers.rollout.tool_formats import TAG_RESULT, ToolCall, build_call_format, truncate_result
+from verl.workers.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
@@ -79,69 +51,7 @@ logger = logging.getLogger(__name__)
 RESULT_TEMPLATE = TAG_RESULT
 
 
-@dataclass
-class Trajectory:
-    """One response under construction. `mask` is the loss mask: 1 on sampled tokens, 0 on tool results."""
-
-    prompt: int  # index of its prompt in the call
-    origin: str  # "initial" | "branch" | "refill" | "probe" (AEPO's pre-monitoring trajectory, kept)
-    response: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    log_probs: list[float] = field(default_factory=list)
-    entropies: list[float] = field(default_factory=list)
-    calls: int = 0
-    h_init: float | None = None
-    after_tool: bool = False  # the next segment starts right after a tool result: a branch point
-    segment_entropies: list[float] = field(default_factory=list)
-    finish_reason: str = "length"
-
-    def branch(self, prefix_len: int) -> Trajectory:
-        """A new trajectory sharing this one's first `prefix_len` response tokens (up to a tool result)."""
-        return Trajectory(
-            prompt=self.prompt, origin="branch", response=self.response[:prefix_len], mask=self.mask[:prefix_len],
-            log_probs=self.log_probs[:prefix_len], entropies=self.entropies[:prefix_len], calls=self.calls,
-            h_init=self.h_init, segment_entropies=list(self.segment_entropies))
-
-    def extend(self, tokens: list[int], log_probs: list[float], entropies: list[float], mask: int) -> None:
-        self.response.extend(tokens)
-        self.mask.extend([mask] * len(tokens))
-        self.log_probs.extend(log_probs)
-        self.entropies.extend(entropies)
-
-
-def segment_entropy(output: CompletionOutput, config: BranchingConfig, vocab_size: int) -> float:
-    """H of one generated segment (module docstring): the first `entropy_window` tokens, normalised by ln|V|."""
-    k = config.entropy_window
-    if config.entropy_mode == "exact":
-        total = sum(output.entropies[:k])
-    else:
-        if output.top_log_probs is None:
-            raise RuntimeError("entropy_mode=topk needs the engine to return top log-probs (SamplingParams.logprobs)")
-        total = sum(-math.exp(lp) * lp for step in output.top_log_probs[:k] for lp in step)
-    return total / math.log(vocab_size)
-
-
-def branch_probability(delta_h: float, config: BranchingConfig) -> float:
-    """ARPO: P(branch) = clip(p + w * dH, 0, 1)."""
-    return min(max(config.branch_probability + config.entropy_weight * delta_h, 0.0), 1.0)
-
-
-def attempt_branch(delta_h: float, consecutive: int, config: BranchingConfig, rng: random.Random) -> bool:
-    """One branch attempt under `config.branch_rule` (module docstring), drawing from `rng`."""
-    u = rng.random()
-    if config.branch_rule == "arpo":
-        return u < branch_probability(delta_h, config)
-    q = (u + config.entropy_weight * delta_h) * max(0.0, 1.0 - config.branch_penalty * consecutive)
-    return min(max(q, 0.0), 1.0) >= config.branch_probability
-
-
-def dynamic_initial_rollouts(h_root: float, h_tool: float, n: int, beta: float) -> int:
-    """AEPO's global-sample share: m = clip(int(n * sigmoid(beta * (H_root - H_tool))) + 1, 1, n)."""
-    m = int(n / (1.0 + math.exp(-beta * (h_root - h_tool)))) + 1
-    return min(max(m, 1), n)
-
-
-class AgentLoop:
+class ToolRoundLoop:
     """Runs the tool loop and the branching for one rollout engine; see the module docstring.
 
     engine: the rollout engine. tokenizer: the policy's tokenizer (tool results are encoded with it).
@@ -179,7 +89,7 @@ class AgentLoop:
         self.measure_entropy = branching
         groups: list[list[Trajectory]] = [[] for _ in prompts]
 
-        initial = [min(max(cfg.initial_rollouts or n, 1), n) if beam > 1 else n for _ in prompts]
+        initial = [initial_rollouts(cfg, n, beam) for _ in prompts]
         metrics: dict[str, float] = {}
         if branching and beam > 1 and cfg.enable_dynamic_rollouts:
             initial = self._probe(prompts, n, params, response_length, groups, metrics)
@@ -202,7 +112,7 @@ class AgentLoop:
             created = Counter(t.prompt for t in refills)
             new_branches = []
             for traj, delta_h, prefix_len in branch_points:
-                for _ in range(min(beam - 1, n - len(groups[traj.prompt]))):
+                for _ in range(branch_attempts(beam, n, len(groups[traj.prompt]))):
                     fired = attempt_branch(delta_h, consecutive[traj.prompt], cfg, self.rng)
                     self.last_branch_draws.append((traj.prompt, delta_h, fired))
                     if fired:
@@ -222,7 +132,7 @@ class AgentLoop:
         """`rollout.n` trajectories per row of a left-padded prompt batch, laid out like `generate_sequences` of
         `base.py` (n rows per prompt, adjacent) with `response_mask` = the loss mask (0 on tool results) while
         `attention_mask` covers every response token; the call's metrics go to `meta_info["metrics"]`."""
-        groups, metrics = self.run(_unpadded_prompts(prompts), n, params, response_length, branching)
+        groups, metrics = self.run(unpadded_prompts(prompts), n, params, response_length, branching)
         output = assemble_batch(prompts, groups, n, response_length, pad_token_id)
         output.meta_info["metrics"] = {key: [value] for key, value in metrics.items()}
         return output
@@ -341,7 +251,7 @@ class AgentLoop:
         }
 
 
-def build_agent_loop(engine: RolloutEngine, tokenizer, rollout_config: Any, rank: int = 0) -> AgentLoop:
+def build_tool_round_loop(engine: RolloutEngine, tokenizer, rollout_config: Any, rank: int = 0) -> ToolRoundLoop:
     """The agent loop of `actor_rollout_ref.rollout` (mode=sync_with_tool): its tools and branching settings.
     Each rank seeds its branching draws differently, from `rollout.seed`."""
     from verl.workers.tools.manager import ToolManager
@@ -352,7 +262,7 @@ def build_agent_loop(engine: RolloutEngine, tokenizer, rollout_config: Any, rank
                        "every tool failed to load): responses are generated without tool calls")
     seed = rollout_config.get("seed")
     multi_turn = rollout_config.get("multi_turn") or {}
-    return AgentLoop(engine, tokenizer, tools, BranchingConfig.from_rollout_config(rollout_config),
+    return ToolRoundLoop(engine, tokenizer, tools, BranchingConfig.from_rollout_config(rollout_config),
                      seed=branch_seed(seed, rank), call_format=multi_turn.get("format"),
                      max_assistant_turns=multi_turn.get("max_assistant_turns"),
                      max_tool_response_length=tool_result_limit(rollout_config, verl_loop=False),
@@ -361,20 +271,12 @@ def build_agent_loop(engine: RolloutEngine, tokenizer, rollout_config: Any, rank
 
 def assemble_batch(prompts: DataProto, groups: list[list[Trajectory]], n: int, response_length: int,
                    pad_token_id: int) -> DataProto:
-    """The trainer's rollout batch from n trajectories per prompt (see `AgentLoop.generate_sequences`)."""
+    """The trainer's rollout batch from n trajectories per prompt (see `ToolRoundLoop.generate_sequences`)."""
     trajectories = [t for group in groups for t in group[:n]]
     prompts = prompts.repeat(repeat_times=n, interleave=True) if n > 1 else prompts
-    device = prompts.batch["input_ids"].device
-
-    def pad(rows, value, dtype):
-        return pad_2d_list_to_tensor(rows, value, max_length=response_length, dtype=dtype).to(device)
-
-    lengths = torch.tensor([len(t.response) for t in trajectories], device=device)
-    return layout_rollout_batch(
-        prompts, pad([t.response for t in trajectories], pad_token_id, torch.long),
-        attended=torch.arange(response_length, device=device)[None, :] < lengths[:, None],
-        response_mask=pad([t.mask for t in trajectories], 0, torch.long),
-        log_probs=pad([t.log_probs for t in trajectories], 0.0, torch.float32),
-        entropys=pad([t.entropies for t in trajectories], 0.0, torch.float32),
+    return layout_responses(
+        prompts, [t.response for t in trajectories], response_length, pad_token_id,
+        response_mask=[t.mask for t in trajectories], log_probs=[t.log_probs for t in trajectories],
+        entropies=[t.entropies for t in trajectories],
         extra_non_tensors={"finish_reason": [t.finish_reason for t in trajectories],
-                           "tool_calls": [t.calls for t in trajectories]}, pad_token_id=pad_token_id)
+                           "tool_calls": [t.calls for t in trajectories]})
