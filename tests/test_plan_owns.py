@@ -24,12 +24,12 @@ PLAN_KEYS = frozenset({
     "static_decode", "share_cpu_engine", "lora_rank", "bypass_mode", "total_training_steps",
 })
 
-# Who may read them: the plan's builders, the config's sections and checks (before the plan exists), the input checks
+# Who may read them: the plan's types and builders, the config's sections and checks (before the plan exists), the input checks
 # that run before it (preflight), LoRA's settings builder that the plan calls, the SFT trainer, a separate entry point
 # with its own config and no PPO plan, and the HF engine built on its own (tests, offline generation: no plan), which
 # reads its config's static_decode only when the caller passes no decision (a run's workers pass the plan's).
 READERS = {
-    "trainer/ppo/run_plan.py", "trainer/ppo/topology.py", "trainer/ppo/config_rules.py",
+    "trainer/ppo/run_plan.py", "trainer/ppo/topology.py", "trainer/ppo/config_rules.py", "utils/run_plan.py",
     "trainer/config/schema.py", "trainer/config/sft.py", "trainer/config/algorithm.py", "trainer/fsdp_sft_trainer.py",
     "workers/config/actor.py", "workers/config/rollout.py", "workers/config/critic.py",
     "utils/preflight.py", "utils/lora.py", "workers/rollout/hf_rollout.py",
@@ -71,7 +71,7 @@ def test_the_check_sees_a_re_derived_fact():
     assert config_reads(ast.parse("x = self.config.model.use_remove_padding")) == [
         (1, "self.config.model.use_remove_padding")]
     assert config_reads(ast.parse("x = rollout.get('static_decode')")) == [(1, "rollout.static_decode")]
-    assert config_reads(ast.parse("x = self.plan.remove_padding or plan.actor_update or self.use_remove_padding")) == []
+    assert config_reads(ast.parse("x = self.plan.actor.remove_padding or plan.actor.update or self.use_remove_padding")) == []
 
 
 def test_only_the_plan_derives_lora():

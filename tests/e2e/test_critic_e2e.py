@@ -71,7 +71,7 @@ def test_ppo_with_ulysses_sequence_parallelism_trains(ray_session, tiny_model_di
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2",
         "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.rollout_correction.bypass_mode=false",
         f"trainer.default_local_dir={tmp_path}"), tiny_model_dir)
-    assert (trainer.plan.sequence_parallel, trainer.plan.actor_dp, trainer.plan.actor_update.mini_batch) == (2, 1, 8)
+    assert (trainer.plan.actor.sequence_parallel, trainer.plan.actor_dp, trainer.plan.actor.update.mini_batch) == (2, 1, 8)
     for metrics in history:
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", *CRITIC_METRICS):
             assert math.isfinite(metrics[key]), key

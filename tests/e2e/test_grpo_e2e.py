@@ -210,7 +210,7 @@ def test_memory_levers_train(ray_session, tiny_model_dir, arithmetic_data_dir, t
         "actor_rollout_ref.actor.entropy_coeff=0.01", "algorithm.rollout_correction.bypass_mode=false",
         "trainer.total_training_steps=2", "trainer.save_freq=2", f"trainer.default_local_dir={tmp_path}")
     trainer, history, before, after, _ = fit_trainer(overrides, tiny_model_dir)
-    assert trainer.plan.actor_fsdp_size == 1 and trainer.plan.fused_logprobs
+    assert trainer.plan.actor.fsdp_size == 1 and trainer.plan.actor.fused_logprobs
     for metrics in history:
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy_loss", "actor/grad_norm"):
             assert math.isfinite(metrics[key]), key
@@ -235,7 +235,7 @@ def test_the_static_decode_loop_trains_and_validates(ray_session, tiny_model_dir
                        "algorithm.rollout_correction.bypass_mode=false", "trainer.total_training_steps=2",
                        "trainer.test_freq=1", f"trainer.default_local_dir={tmp_path}"),
         tiny_model_dir)
-    assert trainer.plan.hf_static_decode
+    assert trainer.plan.rollout.static_decode
     assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
     for rank in after:
         assert rank["rollout"] == pytest.approx(rank["actor"], rel=1e-6)

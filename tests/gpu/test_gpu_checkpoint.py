@@ -119,7 +119,7 @@ def test_merged_model_greedy_equals_the_trainers(grpo_tiny_run, tmp_path, figure
     trainer_rows = [json.loads(line) for line in dump_path.read_text().splitlines()]
 
     config = OmegaConf.load(run_dir / "config.yaml")  # the run's resolved config
-    near_tie = NEAR_TIE[json.loads((run_dir / "run_plan.json").read_text())["hf_engine_dtype"]]
+    near_tie = NEAR_TIE[json.loads((run_dir / "run_plan.json").read_text())["rollout"]["hf_engine_dtype"]]
     tokenizer = AutoTokenizer.from_pretrained(merged_dir)
     prompts = RLHFDataset(config.data.val_files, tokenizer, config.data)
     assert len(prompts) == len(trainer_rows) and config.actor_rollout_ref.rollout.val_kwargs.n == 1

@@ -85,7 +85,7 @@ def test_sampling_at_a_real_vocabulary_compiles_into_a_cuda_graph(figures):
     torch 2.11, hence `row_cumsum`) and draws the eager tokens from the same uniform numbers."""
     import torch
 
-    from verl.workers.rollout.hf_rollout import draw_uniforms, sample_from_probs, top_k_top_p_filter
+    from verl.workers.rollout.sampling import draw_uniforms, sample_from_probs, top_k_top_p_filter
 
     def draw(logits, uniform):
         probs = torch.softmax(top_k_top_p_filter(logits, top_k=-1, top_p=0.95), dim=-1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import runpy
 import shutil
-import subprocess
 import sys
 import warnings
 
@@ -212,26 +212,19 @@ def test_unsupported_options(run_dir, tmp_path, capsys, args, expected):
     assert expected in capsys.readouterr().err
 
 
-def test_cli_subprocess(run_dir, tmp_path):
+# runpy's note that this file imported the module (its `main`) before running it as __main__
+@pytest.mark.filterwarnings("ignore:'verl.model_merger.__main__' found in sys.modules:RuntimeWarning")
+def test_the_cli_module_merges(run_dir, tmp_path, monkeypatch):
+    """`python -m verl.model_merger merge ...` as its module runs under `-m` (its `__main__` block and exit code), in
+    this process: a new interpreter only re-imports torch and transformers. scripts/quickstart.sh runs this command
+    as a real process (tests/e2e/test_quickstart.py::test_merged_model_loads)."""
     actor = str(run_dir / "global_step_5" / "actor")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "verl.model_merger",
-            "merge",
-            "--backend",
-            "fsdp",
-            "--local_dir",
-            actor,
-            "--target_dir",
-            str(tmp_path / "out"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", ["verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", actor,
+                                      "--target_dir", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_module("verl.model_merger", run_name="__main__", alter_sys=True)
+    assert exit_info.value.code == 0
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(os.listdir(tmp_path / "out"))
 
 

@@ -464,7 +464,7 @@ def test_verl_async_mode_runs_verls_agent_loops_and_plans_the_old_log_probs():
     rollout = cfg.actor_rollout_ref.rollout
     assert uses_async_agent(rollout) and not uses_agent_loop(rollout)
     plan = plan_run(cfg, "cpu", actor_parameters=1000)
-    assert plan.async_agent and not plan.agent_loop and plan.old_log_prob_source == "rollout"
+    assert plan.rollout.generation == "agent_loops" and plan.old_log_prob_source == "rollout"
     cfg = load_config(overrides=[*base, "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"])
     assert plan_run(cfg, "cpu", actor_parameters=1000).old_log_prob_source == "recompute"
 
@@ -535,7 +535,7 @@ def test_an_engine_that_cannot_run_here_runs_on_autos_choice_and_says_so(capsys,
     cfg = load_config(overrides=["actor_rollout_ref.rollout.name=sglang", "trainer.device=cpu",
                                  "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"])
     validate_ppo_config(cfg)
-    engine = plan_run(cfg, "cpu", actor_parameters=1000).rollout_engine
+    engine = plan_run(cfg, "cpu", actor_parameters=1000).rollout.engine
     assert engine == "hf"
     announce_inert_keys(cfg, engine, "cpu")
     printed = capsys.readouterr().out

@@ -25,6 +25,7 @@ from verl.utils.memory import (
     name_out_of_memory,
     read_model_shape,
 )
+from verl.utils.memory.passes import with_micro
 
 # A model small enough to count by hand: 2 layers of 300 parameters, 400 outside them (embeddings, final norm).
 SMALL = ModelShape(
@@ -359,14 +360,14 @@ def test_a_config_that_cannot_fit_is_refused_naming_the_key_and_a_value_that_fit
 
     config.trainer.memory_check = "warn"
     warned_plan, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
-    assert estimate.peak == before.peak and warned_plan.actor_update == plan.actor_update  # the user's size stays
+    assert estimate.peak == before.peak and warned_plan.actor.update == plan.actor.update  # the user's size stays
     assert "[memory] warning" in capsys.readouterr().out
     config.trainer.memory_check = "off"
     # No estimate: the user's size stays, and the unset log-prob pass takes its token budget alone -- 16384 tokens
     # hold 10 sequences of 1536, and 8 is the largest divisor of the rank's 16 rows below that.
     unchecked, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
-    assert estimate is None and unchecked.actor_update == plan.actor_update
-    assert unchecked.actor_log_prob.size == 8
+    assert estimate is None and unchecked.actor.update == plan.actor.update
+    assert unchecked.actor.forward.size == 8
     assert unchecked.sized_by_memory == (("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 8),)
 
 
@@ -383,12 +384,12 @@ WIDE_UPDATE_PER_SEQUENCE = 1024 * 151936 * 4 * 3 + 1536 * 12 * 4 * 896
 def test_an_unset_micro_batch_is_sized_to_the_largest_divisor_that_fits(capsys):
     config = wide_config("trainer.memory_per_rank_gb=12")
     plan = plan_run(config, "cpu")
-    assert plan.actor_update.micro.size is None and plan.actor_update.mini_batch == 16
+    assert plan.actor.update.micro.size is None and plan.actor.update.mini_batch == 16
     sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
     # 16 and 8 sequences do not fit 90% of 12 GiB, and neither does 4 (11.87e9 > 11.60e9); 2 does (8.00e9).
     assert WIDE_UPDATE_FIXED + 4 * WIDE_UPDATE_PER_SEQUENCE > WARN_SHARE * 12 * GIB
     assert estimate.total("update_actor") == WIDE_UPDATE_FIXED + 2 * WIDE_UPDATE_PER_SEQUENCE <= WARN_SHARE * 12 * GIB
-    assert sized.actor_update.micro.size == 2 and estimate.fits()
+    assert sized.actor.update.micro.size == 2 and estimate.fits()
     # The step skips the actor's log-prob pass (on-policy), but a reward manager scoring with the actor would run it:
     # it is sized too, to 2 of the rank's 16 sequences (4 float32 copies of the logits each, with the entropy).
     assert sized.sized_by_memory == (
@@ -396,12 +397,9 @@ def test_an_unset_micro_batch_is_sized_to_the_largest_divisor_that_fits(capsys):
         ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 2),
     )
     assert "old_log_prob" not in estimate.phases
-    assert sized == dataclasses.replace(
-        plan,
-        actor_update=dataclasses.replace(plan.actor_update, micro=dataclasses.replace(plan.actor_update.micro, size=2)),
-        actor_log_prob=dataclasses.replace(plan.actor_log_prob, size=2),
-        sized_by_memory=sized.sized_by_memory,
-    )
+    expected = with_micro(plan, "actor_update", dataclasses.replace(plan.actor.update.micro, size=2))
+    expected = with_micro(expected, "actor_log_prob", dataclasses.replace(plan.actor.forward, size=2))
+    assert sized == dataclasses.replace(expected, sized_by_memory=sized.sized_by_memory)
     out = capsys.readouterr().out
     assert (
         "[memory] sized by the estimate: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2, "
@@ -422,14 +420,14 @@ def test_each_unset_pass_is_sized_on_its_own_and_the_users_sizes_stay():
     )
     plan = plan_run(config, "cpu")
     sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
-    assert sized.actor_update == plan.actor_update and sized.ref_log_prob == plan.ref_log_prob
+    assert sized.actor.update == plan.actor.update and sized.ref.forward == plan.ref.forward
     # The old-log-prob pass: 4 float32 copies of a sequence's 1024 x 151936 logits (with the entropy) per sequence
     # beside what the rank holds (now with the reference's weights): 2 sequences fit 90% of 12 GiB, 4 do not.
     assert sized.sized_by_memory == (("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 2),)
-    assert sized.actor_log_prob.size == 2
+    assert sized.actor.forward.size == 2
     assert estimate.phases["old_log_prob"]["logits"] == 2 * 1024 * 151936 * 4 * 4
     assert estimate.total("old_log_prob") <= WARN_SHARE * 12 * GIB
-    four = dataclasses.replace(sized, actor_log_prob=dataclasses.replace(sized.actor_log_prob, size=4))
+    four = with_micro(sized, "actor_log_prob", dataclasses.replace(sized.actor.forward, size=4))
     assert estimate_ppo_memory(config, four, {"actor": WIDE}).total("old_log_prob") > WARN_SHARE * 12 * GIB
 
 
@@ -441,7 +439,7 @@ def test_a_token_budget_is_not_sized():
         "trainer.memory_per_rank_gb=12",
     )
     plan = plan_run(config, "cpu")
-    assert plan.actor_update.micro.dynamic and plan.ref_log_prob.dynamic
+    assert plan.actor.update.micro.dynamic and plan.ref.forward.dynamic
     sized, estimate = check_ppo_memory(config, plan, shapes={"actor": WIDE}, replan=_replan)
     assert sized == plan and not sized.sized_by_memory
     # The budget of 16384 tokens holds 10 sequences of 1536: the update's logits are theirs.
@@ -523,7 +521,7 @@ def test_the_first_contact_job_on_one_80gb_gpu_is_sized_by_memory(tmp_path, caps
     plan = plan_run(config, "cuda", shape.parameters)
     # Mini-batches of 8 prompts (64 sequences) in a batch of 16: off-policy, so the old log-probs are recomputed
     # over the rank's 128 sequences -- at once they would need 83.46 GiB of logits alone.
-    assert (plan.actor_update.mini_batch, plan.rows_per_rank, plan.old_log_prob_source) == (64, 128, "recompute")
+    assert (plan.actor.update.mini_batch, plan.rollout.rows_per_rank, plan.old_log_prob_source) == (64, 128, "recompute")
     whole = estimate_ppo_memory(config, plan, {"actor": shape}, capacity=80 * GIB)
     assert whole.phases["old_log_prob"]["logits"] == 128 * 256 * 151936 * OLD_LOG_PROB_LOGITS
     assert not whole.fits()
@@ -566,14 +564,14 @@ def test_a_mini_batch_of_128_sequences_is_cut_to_fit_an_80gb_gpu(tmp_path):
     config = qwen_0_5b_job(tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=16", NO_TOKEN_CAP)
     shape = read_model_shape(str(tmp_path))
     plan = plan_run(config, "cuda", shape.parameters)
-    assert plan.actor_update.mini_batch == 128 and plan.old_log_prob_source == "actor"
+    assert plan.actor.update.mini_batch == 128 and plan.old_log_prob_source == "actor"
     whole = estimate_ppo_memory(config, plan, {"actor": shape}, capacity=80 * GIB)
     assert whole.phases["update_actor"]["logits"] == 128 * 256 * 151936 * UPDATE_LOGITS
     assert f"{whole.total('update_actor') / GIB:.2f}" == "75.13" and whole.peak > WARN_SHARE * 80 * GIB
 
     sized, estimate = check_ppo_memory(config, plan, {"actor": shape},
                                        replan=lambda changed: _replan(changed, "cuda", shape))
-    assert sized.actor_update.micro.size == 64 and sized.actor_update.mini_batch == 128
+    assert sized.actor.update.micro.size == 64 and sized.actor.update.mini_batch == 128
     assert sized.old_log_prob_source == "actor" and "old_log_prob" not in estimate.phases
     assert estimate.peak_phase == "update_actor" and f"{estimate.peak / GIB:.2f}" == "43.53"
 
@@ -584,7 +582,7 @@ def test_on_defaults_the_token_budgets_cap_the_micro_batches_below_what_memory_a
     config = qwen_0_5b_job(tmp_path)
     shape = read_model_shape(str(tmp_path))
     plan = plan_run(config, "cuda", shape.parameters)
-    assert plan.actor_update.micro.token_cap == plan.actor_log_prob.token_cap == 16384
+    assert plan.actor.update.micro.token_cap == plan.actor.forward.token_cap == 16384
     sized, estimate = check_ppo_memory(config, plan, replan=lambda changed: _replan(changed, "cuda", shape))
     assert sized.sized_by_memory == (
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 32),
@@ -604,7 +602,7 @@ def test_on_defaults_the_token_budgets_cap_the_micro_batches_below_what_memory_a
     short = qwen_0_5b_job(tmp_path, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=300")
     sized, _ = check_ppo_memory(short, plan_run(short, "cuda", shape.parameters),
                                 replan=lambda changed: _replan(changed, "cuda", shape))
-    assert sized.actor_update.micro.size == sized.actor_log_prob.size == 1
+    assert sized.actor.update.micro.size == sized.actor.forward.size == 1
 
 
 def test_a_run_that_cannot_fit_while_generating_is_refused_naming_the_engine_and_offload(tmp_path):
@@ -725,7 +723,7 @@ def test_no_estimate_when_the_model_directory_cannot_be_read(tmp_path, capsys):
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", 16),
         ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 32),
     )
-    assert unchecked.actor_update.micro.size == 16 and unchecked.actor_log_prob.size == 32
+    assert unchecked.actor.update.micro.size == 16 and unchecked.actor.forward.size == 32
     assert "[memory] no estimate" in capsys.readouterr().out
     assert os.listdir(tmp_path) == []
 
@@ -741,11 +739,11 @@ def test_the_hf_engine_keeps_its_weights_and_cache_on_cuda_with_the_static_loop(
         config = small_config("actor_rollout_ref.rollout.name=hf", f"actor_rollout_ref.rollout.static_decode={static}"
                               if static is not None else "actor_rollout_ref.rollout.static_decode=null")
         plan = plan_run(config, device)
-        assert plan.hf_static_decode is (static is True or (static is None and device == "cuda"))
+        assert plan.rollout.static_decode is (static is True or (static is None and device == "cuda"))
         e = 2 if device == "cuda" else 4
         phases = estimate_ppo_memory(config, plan, {"actor": SMALL}, capacity=GIB).phases
         assert phases["generate"]["hf engine weights"] == e * 1000
-        kv = 4 * 2 * 4 * e * ((64 + 4) * 2 if plan.hf_static_decode else 10 * 3)
+        kv = 4 * 2 * 4 * e * ((64 + 4) * 2 if plan.rollout.static_decode else 10 * 3)
         assert phases["generate"]["KV cache"] == kv, (static, device)
         for name in ("hf engine weights", "KV cache"):
             assert (name in phases["update_actor"]) is kept, (name, static, device)
@@ -769,7 +767,8 @@ def test_a_served_reward_model_and_tensorrt_llm_take_their_share_of_the_gpu():
                               "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
                               f"actor_rollout_ref.rollout.free_cache_engine={free_cache}")
         # The plan of a machine where tensorrt_llm is installed (here rollout.name=trtllm falls back to another).
-        plan = dataclasses.replace(plan_run(config, "cuda"), rollout_engine="trtllm")
+        plan = plan_run(config, "cuda")
+        plan = dataclasses.replace(plan, rollout=dataclasses.replace(plan.rollout, engine="trtllm"))
         phases = estimate_ppo_memory(config, plan, {"actor": SMALL}, capacity=4 * GIB).phases
         assert phases["update_actor"]["trtllm weights"] == 2 * 1000  # bf16, never released
         assert phases["update_actor"]["processes"] == 2 * PROCESS_BYTES  # its engine runs in a Ray actor of its own

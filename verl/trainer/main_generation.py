@@ -151,7 +151,8 @@ def run_generation(config: DictConfig) -> dict[str, dict[str, float]]:
     from verl.trainer.ppo.reward import compute_reward, load_reward_manager
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
     from verl.workers.rollout.base import SamplingParams
-    from verl.workers.rollout.generation import build_generator, generation_mode
+    from verl.workers.rollout.generation import build_generator
+    from verl.workers.rollout.modes import generation_mode
     from verl.workers.rollout.registry import get_rollout_cls
 
     try:  # first, so that an engine the user's module registers passes the check

@@ -153,7 +153,7 @@ def plan_ppo_run(config: DictConfig, device: str,
     topology = plan_topology(config, device, parameters)
     check_topology(config, topology, checked)
     plan = plan_run(config, device, parameters, topology)
-    announce_inert_keys(config, plan.rollout_engine, plan.device)
+    announce_inert_keys(config, plan.rollout.engine, plan.device)
     estimate = None
     if shapes is not None:
         plan, estimate = check_ppo_memory(config, plan, shapes,

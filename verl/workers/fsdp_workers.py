@@ -92,7 +92,7 @@ class ActorRolloutRefWorker(Worker):
         are the actor's up to rounding; rollout.dtype on CUDA). With flash-attn selected for the actor's packed passes
         (model.override_config.attn_implementation) the engine's copy attends with sdpa: flash-attn takes no float32,
         and the static decode loop's padded cache needs a mask."""
-        module = self._load_hf_model(self.plan.hf_engine_dtype)
+        module = self._load_hf_model(self.plan.rollout.hf_engine_dtype)
         if uses_varlen_attention(module.config):
             module.set_attn_implementation("sdpa")
         return module
@@ -104,15 +104,15 @@ class ActorRolloutRefWorker(Worker):
 
         plan = self.plan
         self._torch_device = rank_device(self.device)
-        self._mesh = fsdp_mesh(self.device, self.world_size, plan.actor_fsdp_size)
-        self._sp_group = sequence_parallel_group(self.device, self.world_size, plan.sequence_parallel)
+        self._mesh = fsdp_mesh(self.device, self.world_size, plan.actor.fsdp_size)
+        self._sp_group = sequence_parallel_group(self.device, self.world_size, plan.actor.sequence_parallel)
         model_cfg = self.config.model
         self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(model_cfg.tokenizer_path or model_cfg.path),
                                                        trust_remote_code=model_cfg.trust_remote_code)
         lora = plan.lora
         self._lora = lora is not None
         if self._is_actor:
-            model = self._load_hf_model(plan.actor_param_dtype)
+            model = self._load_hf_model(plan.actor.param_dtype)
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if self._lora and lora.adapter_path:
@@ -120,36 +120,36 @@ class ActorRolloutRefWorker(Worker):
             elif self._lora:
                 model = apply_lora(model, lora.rank, lora.alpha, lora.target_modules, lora.exclude_modules)
             self.actor_module = shard_model(model, self._mesh, self.device, self.config.actor.fsdp_config,
-                                            compute_dtype=plan.compute_dtype)
-            if plan.actor_compile:
+                                            compute_dtype=plan.actor.compute_dtype)
+            if plan.actor.compile:
                 compile_layers(self.actor_module)
             self.actor_optimizer, self.actor_lr_scheduler = optimizer_from_config(
                 self.actor_module, self.config.actor.optim, plan.total_training_steps)
             self.actor = DataParallelPPOActor(self.config.actor, self.actor_module, self.actor_optimizer,
-                                              use_remove_padding=plan.remove_padding, batches=plan.actor_update,
-                                              log_prob=plan.actor_log_prob, **self._forward_levers(plan))
+                                              use_remove_padding=plan.actor.remove_padding, batches=plan.actor.update,
+                                              log_prob=plan.actor.forward, **self._forward_levers(plan))
         if self._is_ref and self._lora:  # the base model is the actor with its adapter switched off
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.actor_module,
-                                                   use_remove_padding=plan.remove_padding,
-                                                   log_prob=plan.ref_log_prob, **self._forward_levers(plan))
+                                                   use_remove_padding=plan.actor.remove_padding,
+                                                   log_prob=plan.ref.forward, **self._forward_levers(plan))
         elif self._is_ref:
-            ref_model = self._load_hf_model(plan.ref_param_dtype)
+            ref_model = self._load_hf_model(plan.ref.param_dtype)
             ref_model.requires_grad_(False)
             self.ref_module = shard_model(ref_model, self._mesh, self.device, self.config.ref.fsdp_config,
-                                          compute_dtype=plan.ref_compute_dtype)
-            if plan.ref_compile:
+                                          compute_dtype=plan.ref.compute_dtype)
+            if plan.ref.compile:
                 compile_layers(self.ref_module)
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.ref_module,
-                                                   use_remove_padding=plan.remove_padding,
-                                                   log_prob=plan.ref_log_prob, **self._forward_levers(plan))
+                                                   use_remove_padding=plan.actor.remove_padding,
+                                                   log_prob=plan.ref.forward, **self._forward_levers(plan))
         if self._is_rollout:
             rollout = self.config.rollout
-            name = plan.rollout_engine
-            planned = {"static_decode": plan.hf_static_decode} if name == "hf" else {}  # the plan's decode loop
+            name = plan.rollout.engine
+            planned = {"static_decode": plan.rollout.static_decode} if name == "hf" else {}  # the plan's decode loop
             # The HF engine samples from the rank's torch RNG (which checkpoints save); vLLM has its own seed, the
             # same on the ranks of one tensor-parallel group (they are one engine).
             seed = None if name == "hf" else rollout.seed + self.rank // rollout.tensor_model_parallel_size
-            shared = plan.share_cpu_engine
+            shared = plan.rollout.share_cpu_engine
             engine = None
             if not shared or self.rank == 0:
                 engine = get_rollout_cls(name).build(
@@ -161,14 +161,14 @@ class ActorRolloutRefWorker(Worker):
                     hf_overrides=OmegaConf.to_container(model_cfg.override_config, resolve=True), **planned)
             self.rollout = NodeSharedEngine(engine, torch.get_num_threads() * self.world_size) if shared else engine
             # On a shared engine only rank 0 runs the tool loops (and their tools); the other ranks sample plainly.
-            mode = plan.generation if engine is not None else "plain"
+            mode = plan.rollout.generation if engine is not None else "plain"
             self.generator = build_generator(self.rollout, self.tokenizer, self.config, self.rank, mode)
             if self._is_actor:
                 self._sync_rollout_weights()
 
     def _forward_levers(self, plan: RunPlan) -> dict:
         """The plan's levers of the actor's and reference's passes, as DataParallelPPOActor takes them."""
-        return {"fused_logprobs": plan.fused_logprobs, "activation_offload": plan.activation_offload,
+        return {"fused_logprobs": plan.actor.fused_logprobs, "activation_offload": plan.actor.activation_offload,
                 "sp_group": self._sp_group}
 
     def _sync_rollout_weights(self) -> float:
@@ -333,7 +333,7 @@ class CriticWorker(Worker):
 
         hf_logging.disable_progress_bar()
         model_cfg = self.config.model
-        path, trust = os.path.expanduser(self.plan.critic_model_path), model_cfg.trust_remote_code
+        path, trust = os.path.expanduser(self.plan.critic.model_path), model_cfg.trust_remote_code
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
         config.classifier_dropout = 0.0
         for key, value in OmegaConf.to_container(model_cfg.override_config, resolve=True).items():
@@ -342,7 +342,7 @@ class CriticWorker(Worker):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             model = AutoModelForTokenClassification.from_pretrained(path, config=config,
-                                                                    dtype=getattr(torch, self.plan.critic_param_dtype),
+                                                                    dtype=getattr(torch, self.plan.critic.param_dtype),
                                                                     trust_remote_code=trust)
         model.config.architectures = [type(model).__name__]  # what the merger rebuilds from the saved config
         return model.to(self._torch_device)
@@ -354,22 +354,22 @@ class CriticWorker(Worker):
         from transformers import AutoTokenizer
 
         self._torch_device = rank_device(self.device)
-        self._mesh = fsdp_mesh(self.device, self.world_size, self.plan.critic_fsdp_size)
-        sp_group = sequence_parallel_group(self.device, self.world_size, self.plan.critic_sequence_parallel)
+        self._mesh = fsdp_mesh(self.device, self.world_size, self.plan.critic.fsdp_size)
+        sp_group = sequence_parallel_group(self.device, self.world_size, self.plan.critic.sequence_parallel)
         model_cfg = self.config.model
-        self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(self.plan.critic_tokenizer_path),
+        self.tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(self.plan.critic.tokenizer_path),
                                                        trust_remote_code=model_cfg.trust_remote_code)
         model = self._load_value_model()
         if model_cfg.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         plan = self.plan
         self.critic_module = shard_model(model, self._mesh, self.device, model_cfg.fsdp_config,
-                                         compute_dtype=plan.critic_compute_dtype)
+                                         compute_dtype=plan.critic.compute_dtype)
         self.critic_optimizer, self.critic_lr_scheduler = optimizer_from_config(self.critic_module, self.config.optim,
                                                                                 self.plan.total_training_steps)
         self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer,
-                                            use_remove_padding=plan.critic_remove_padding,
-                                            batches=plan.critic_update, forward=plan.critic_forward,
+                                            use_remove_padding=plan.critic.remove_padding,
+                                            batches=plan.critic.update, forward=plan.critic.forward,
                                             sp_group=sp_group)
 
     @register(dispatch_mode=Dispatch.DP_SP_COMPUTE_PROTO)

@@ -81,8 +81,8 @@ class RewardModelWorker(Worker):
         if device == "cuda":
             # Ray shows each actor only its own GPU, so local ranks map onto the visible devices.
             torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
-        self.micro = plan.reward_model_forward
-        self.shard_group = plan.reward_model_fsdp_size
+        self.micro = plan.reward_model.forward
+        self.shard_group = plan.reward_model.fsdp_size
         self._warned_no_raw_prompt = False
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
@@ -170,7 +170,7 @@ class RewardModelWorker(Worker):
         the plan's padding removal (reward_model.model.use_remove_padding) the real tokens go through the model packed into rows (verl/utils/packing.py)."""
         position_ids = torch.clamp(attention_mask.cumsum(-1) - 1, min=0)
         rows = torch.arange(len(lengths), device=input_ids.device)
-        if not self.plan.reward_model_remove_padding:
+        if not self.plan.reward_model.remove_padding:
             with token_scores(self.score_head) as out:
                 self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False)

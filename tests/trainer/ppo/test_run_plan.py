@@ -72,10 +72,10 @@ def test_per_rank_sizes_are_planned_and_the_config_keeps_the_users_meaning():
     config = load_config(overrides=overrides)
     before = OmegaConf.to_yaml(config)
     plan = plan_run(config, "cpu")
-    assert (plan.n_ranks, plan.rows_per_rank) == (4, 8 * 4 // 4)
-    assert plan.actor_update.mini_batch == 4 * 4 // 4  # prompts x n / ranks
-    assert plan.actor_update.micro == MicroBatches(2, None, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
-    assert plan.actor_log_prob.size is None  # unset: the memory estimate sizes it (main_ppo.plan_ppo_run)
+    assert (plan.n_ranks, plan.rollout.rows_per_rank) == (4, 8 * 4 // 4)
+    assert plan.actor.update.mini_batch == 4 * 4 // 4  # prompts x n / ranks
+    assert plan.actor.update.micro == MicroBatches(2, None, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+    assert plan.actor.forward.size is None  # unset: the memory estimate sizes it (main_ppo.plan_ppo_run)
     assert OmegaConf.to_yaml(config) == before  # nothing rewritten in place
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.n_ranks = 1
@@ -84,12 +84,12 @@ def test_per_rank_sizes_are_planned_and_the_config_keeps_the_users_meaning():
 def test_deprecated_global_micro_batches_and_token_budgets():
     plan = _plan("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size=8",
                  "actor_rollout_ref.rollout.log_prob_micro_batch_size=6")
-    assert plan.actor_update.micro.size == 4 and plan.actor_log_prob.size == 3  # global / ranks
+    assert plan.actor.update.micro.size == 4 and plan.actor.forward.size == 3  # global / ranks
     dynamic = _plan("actor_rollout_ref.actor.use_dynamic_bsz=true",
                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3000")
-    assert dynamic.actor_update.micro.dynamic and dynamic.actor_update.micro.max_token_len == 3000
-    assert dynamic.actor_log_prob.max_token_len == 3000  # the YAML's interpolation: the rollout's follows the actor's
-    assert dynamic.actor_update.micro.size is None
+    assert dynamic.actor.update.micro.dynamic and dynamic.actor.update.micro.max_token_len == 3000
+    assert dynamic.actor.forward.max_token_len == 3000  # the YAML's interpolation: the rollout's follows the actor's
+    assert dynamic.actor.update.micro.size is None
 
 
 def test_which_passes_and_processes_run():
@@ -98,27 +98,27 @@ def test_which_passes_and_processes_run():
         False, False, False, 1)
     ppo = _plan("algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true")
     assert (ppo.use_reference_policy, ppo.use_critic, ppo.processes_per_rank) == (True, True, 2)
-    assert ppo.critic_update.mini_batch == ppo.actor_update.mini_batch
-    assert ppo.critic_forward.key == "critic.forward_micro_batch_size_per_gpu"
+    assert ppo.critic.update.mini_batch == ppo.actor.update.mini_batch
+    assert ppo.critic.forward.key == "critic.forward_micro_batch_size_per_gpu"
     # A generative reward model is served to the reward function: no reward-model workers, no micro-batches.
     genrm = _plan("reward_model.enable=true", "reward_model.model.path=/judge", "reward_model.rollout.name=vllm")
-    assert (genrm.use_reward_model, genrm.reward_model_server, genrm.reward_model_forward) == (False, "vllm", None)
+    assert (genrm.use_reward_model, genrm.reward_model_server, genrm.reward_model.forward) == (False, "vllm", None)
     assert genrm.processes_per_rank == 1
 
 
 def test_engine_dtypes_and_remove_padding_come_from_one_place():
     cpu, cuda = _plan(), _plan(device="cuda")
-    assert (cpu.rollout_engine, cpu.compute_dtype, cpu.actor_param_dtype) == ("hf", "float32", "float32")
-    assert cuda.compute_dtype == "bfloat16"  # fsdp_config.dtype's default, on CUDA only
-    assert _plan("actor_rollout_ref.actor.fsdp_config.dtype=fp16", device="cuda").compute_dtype == "float16"
-    assert cpu.remove_padding is True  # the YAML's default, not a constructor's
-    assert _plan("actor_rollout_ref.model.use_remove_padding=false").remove_padding is False
+    assert (cpu.rollout.engine, cpu.actor.compute_dtype, cpu.actor.param_dtype) == ("hf", "float32", "float32")
+    assert cuda.actor.compute_dtype == "bfloat16"  # fsdp_config.dtype's default, on CUDA only
+    assert _plan("actor_rollout_ref.actor.fsdp_config.dtype=fp16", device="cuda").actor.compute_dtype == "float16"
+    assert cpu.actor.remove_padding is True  # the YAML's default, not a constructor's
+    assert _plan("actor_rollout_ref.model.use_remove_padding=false").actor.remove_padding is False
     # model_dtype: the parameters' dtype; on CPU also the compute dtype (no mixed precision there).
     bf16_ref = _plan("actor_rollout_ref.ref.fsdp_config.model_dtype=bf16", "actor_rollout_ref.actor.use_kl_loss=true")
-    assert (bf16_ref.ref_param_dtype, bf16_ref.ref_compute_dtype, bf16_ref.actor_param_dtype) == (
+    assert (bf16_ref.ref.param_dtype, bf16_ref.ref.compute_dtype, bf16_ref.actor.param_dtype) == (
         "bfloat16", "bfloat16", "float32")
     bf16_actor = _plan("actor_rollout_ref.actor.fsdp_config.model_dtype=bf16", device="cuda")
-    assert (bf16_actor.actor_param_dtype, bf16_actor.compute_dtype, bf16_actor.ref_param_dtype) == (
+    assert (bf16_actor.actor.param_dtype, bf16_actor.actor.compute_dtype, bf16_actor.ref.param_dtype) == (
         "bfloat16", "bfloat16", "float32")
     with pytest.raises(ConfigError, match="critic.model.fsdp_config.model_dtype='int8' must be one of"):
         validate_ppo_config(load_config(overrides=["critic.model.fsdp_config.model_dtype=int8"]))
@@ -127,31 +127,31 @@ def test_engine_dtypes_and_remove_padding_come_from_one_place():
 def test_the_hf_engines_copy_is_float32_on_cpu_and_rollout_dtype_on_cuda():
     """On CPU the engine's log-probs may stand in for the actor's, so it keeps float32 whatever rollout.dtype says; on
     CUDA it decodes in rollout.dtype as vLLM does (bf16 by default), auto meaning the actor's compute dtype."""
-    assert _plan().hf_engine_dtype == "float32"
-    assert _plan("actor_rollout_ref.rollout.dtype=float16").hf_engine_dtype == "float32"
-    assert _plan(device="cuda").hf_engine_dtype == "bfloat16"
-    assert _plan("actor_rollout_ref.rollout.dtype=half", device="cuda").hf_engine_dtype == "float16"
-    assert _plan("actor_rollout_ref.rollout.dtype=float32", device="cuda").hf_engine_dtype == "float32"
+    assert _plan().rollout.hf_engine_dtype == "float32"
+    assert _plan("actor_rollout_ref.rollout.dtype=float16").rollout.hf_engine_dtype == "float32"
+    assert _plan(device="cuda").rollout.hf_engine_dtype == "bfloat16"
+    assert _plan("actor_rollout_ref.rollout.dtype=half", device="cuda").rollout.hf_engine_dtype == "float16"
+    assert _plan("actor_rollout_ref.rollout.dtype=float32", device="cuda").rollout.hf_engine_dtype == "float32"
     auto = ["actor_rollout_ref.rollout.dtype=auto", "actor_rollout_ref.actor.fsdp_config.dtype=fp16"]
-    assert _plan(*auto, device="cuda").hf_engine_dtype == "float16"
+    assert _plan(*auto, device="cuda").rollout.hf_engine_dtype == "float16"
     with pytest.raises(ConfigError, match="actor_rollout_ref.rollout.dtype=int8 is not a dtype the hf engine"):
         _plan("actor_rollout_ref.rollout.dtype=int8", device="cuda")
 
 
 def test_hsdp_shard_groups_and_the_memory_levers_are_planned():
     two = ("trainer.n_gpus_per_node=2", "trainer.cpu_ranks_per_node=2")
-    assert _plan(*two).actor_fsdp_size == 2  # -1: every rank in one shard group
-    assert _plan(*two, "actor_rollout_ref.actor.fsdp_config.fsdp_size=1").actor_fsdp_size == 1
-    assert _plan(*two, "critic.model.fsdp_config.fsdp_size=2").critic_fsdp_size == 2
+    assert _plan(*two).actor.fsdp_size == 2  # -1: every rank in one shard group
+    assert _plan(*two, "actor_rollout_ref.actor.fsdp_config.fsdp_size=1").actor.fsdp_size == 1
+    assert _plan(*two, "critic.model.fsdp_config.fsdp_size=2").critic.fsdp_size == 2
     with pytest.raises(ConfigError, match="actor_rollout_ref.actor.fsdp_config.fsdp_size=3 must be -1 or divide"):
         _plan(*two, "actor_rollout_ref.actor.fsdp_config.fsdp_size=3")
     levers = _plan("actor_rollout_ref.model.use_fused_kernels=true", "actor_rollout_ref.actor.use_torch_compile=true",
                    "actor_rollout_ref.model.enable_activation_offload=true", device="cuda")
-    assert (levers.fused_logprobs, levers.actor_compile, levers.ref_compile, levers.activation_offload) == (
+    assert (levers.actor.fused_logprobs, levers.actor.compile, levers.ref.compile, levers.actor.activation_offload) == (
         True, True, True, True)
-    assert _plan("actor_rollout_ref.model.use_liger=true").fused_logprobs  # the same path
+    assert _plan("actor_rollout_ref.model.use_liger=true").actor.fused_logprobs  # the same path
     # On CPU the activations are in host memory already.
-    assert not _plan("actor_rollout_ref.model.enable_activation_offload=true").activation_offload
+    assert not _plan("actor_rollout_ref.model.enable_activation_offload=true").actor.activation_offload
     assert "fused log-probs" in levers.describe()
 
 
@@ -159,11 +159,11 @@ def test_shared_cpu_engine():
     # Two ranks kept on the node (a large actor would otherwise run one rank with all the cores, nothing to share),
     # and the HF engine named (auto could take vLLM's CPU build for a large actor).
     two = ("trainer.n_gpus_per_node=2", "trainer.cpu_ranks_per_node=2", "actor_rollout_ref.rollout.name=hf")
-    assert _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS).share_cpu_engine
-    assert not _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS - 1).share_cpu_engine
-    assert not _plan("trainer.n_gpus_per_node=1", parameters=SHARED_ENGINE_MIN_PARAMETERS).share_cpu_engine
-    assert not _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS, device="cuda").share_cpu_engine
-    assert _plan(*two, "actor_rollout_ref.rollout.share_cpu_engine=true").share_cpu_engine
+    assert _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS).rollout.share_cpu_engine
+    assert not _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS - 1).rollout.share_cpu_engine
+    assert not _plan("trainer.n_gpus_per_node=1", parameters=SHARED_ENGINE_MIN_PARAMETERS).rollout.share_cpu_engine
+    assert not _plan(*two, parameters=SHARED_ENGINE_MIN_PARAMETERS, device="cuda").rollout.share_cpu_engine
+    assert _plan(*two, "actor_rollout_ref.rollout.share_cpu_engine=true").rollout.share_cpu_engine
     with pytest.raises(ConfigError, match="share_cpu_engine=true needs the hf engine on CPU"):
         _plan(*two, "actor_rollout_ref.rollout.share_cpu_engine=true", device="cuda")
     with pytest.raises(ConfigError, match="needs every rank on one node"):
@@ -174,8 +174,8 @@ def test_a_large_actor_runs_one_rank_per_cpu_node_with_all_its_cores():
     large, small = SHARED_ENGINE_MIN_PARAMETERS, SHARED_ENGINE_MIN_PARAMETERS - 1
     two = ("trainer.n_gpus_per_node=2",)
     one = _plan(*two, parameters=large)
-    assert (one.ranks_per_node, one.n_ranks, one.rows_per_rank) == (1, 1, 16 * 4)  # the YAML's batch on one rank
-    assert not one.share_cpu_engine  # one rank: nothing to share
+    assert (one.ranks_per_node, one.n_ranks, one.rollout.rows_per_rank) == (1, 1, 16 * 4)  # the YAML's batch on one rank
+    assert not one.rollout.share_cpu_engine  # one rank: nothing to share
     assert _plan(*two, parameters=small).n_ranks == 2
     assert _plan(*two, device="cuda", parameters=large).n_ranks == 2  # GPUs: n_gpus_per_node
     assert _plan(*two, "trainer.nnodes=2", parameters=large).n_ranks == 4  # several nodes: n_gpus_per_node
@@ -191,13 +191,13 @@ def test_auto_takes_vllms_cpu_build_for_a_large_actor_it_can_run(tmp_path):
     from verl.workers.rollout.selection import VLLM_CPU_MIN_PARAMETERS
 
     large = VLLM_CPU_MIN_PARAMETERS
-    assert _plan(parameters=large).rollout_engine == "vllm"
-    assert _plan(parameters=large - 1).rollout_engine == "hf"
-    assert _plan("actor_rollout_ref.rollout.name=hf", parameters=large).rollout_engine == "hf"
+    assert _plan(parameters=large).rollout.engine == "vllm"
+    assert _plan(parameters=large - 1).rollout.engine == "hf"
+    assert _plan("actor_rollout_ref.rollout.name=hf", parameters=large).rollout.engine == "hf"
     # Head size 24: vLLM's CPU attention has no kernel for it, so auto keeps the HF engine.
     Qwen2Config(vocab_size=64, hidden_size=48, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1,
                 intermediate_size=64).save_pretrained(tmp_path)
-    assert _plan(f"actor_rollout_ref.model.path={tmp_path}", parameters=large).rollout_engine == "hf"
+    assert _plan(f"actor_rollout_ref.model.path={tmp_path}", parameters=large).rollout.engine == "hf"
 
 
 def test_sequence_parallel_groups_are_planned_and_checked(tiny_model_dir):
@@ -207,13 +207,13 @@ def test_sequence_parallel_groups_are_planned_and_checked(tiny_model_dir):
           "actor_rollout_ref.actor.ppo_mini_batch_size=2", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2")
     plan = _plan(*sp, "trainer.cpu_ranks_per_node=4")
     # 4 ranks in 2 groups of 2: generation splits 8 sequences over 4 ranks, the actor's passes over 2 groups.
-    assert (plan.n_ranks, plan.sequence_parallel, plan.actor_dp, plan.rows_per_rank) == (4, 2, 2, 2)
-    assert plan.actor_update.mini_batch == 2 * 2 // 2 and plan.critic_sequence_parallel == 1
+    assert (plan.n_ranks, plan.actor.sequence_parallel, plan.actor_dp, plan.rollout.rows_per_rank) == (4, 2, 2, 2)
+    assert plan.actor.update.mini_batch == 2 * 2 // 2 and plan.critic.sequence_parallel == 1
     assert "sequence parallel over 2 ranks" in plan.describe()
     # A token budget is per GPU: a group's micro-batch holds sp times it, each rank 1/sp of its tokens (verl's rule).
     dynamic = _plan(*sp, "trainer.cpu_ranks_per_node=4", "actor_rollout_ref.actor.use_dynamic_bsz=true",
                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3000")
-    assert dynamic.actor_update.micro.max_token_len == 6000 and dynamic.actor_log_prob.max_token_len == 6000
+    assert dynamic.actor.update.micro.max_token_len == 6000 and dynamic.actor.forward.max_token_len == 6000
     # A large actor on one CPU node keeps the ranks its groups need.
     assert _plan(*sp, parameters=SHARED_ENGINE_MIN_PARAMETERS).n_ranks == 4
     with pytest.raises(ConfigError, match="ref.ulysses_sequence_parallel_size=1 must equal"):
@@ -236,8 +236,8 @@ def test_the_static_decode_loop_runs_on_cuda_unless_batches_vary():
     hand the engine whatever requests are pending (a new shape nearly every call, each compiling its graph again);
     an explicit setting wins. The workers hand the engine the plan's answer."""
     hf, async_mode = "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=async"
-    assert _plan(hf, device="cuda").hf_static_decode is True
-    assert _plan(hf).hf_static_decode is False
-    assert _plan(hf, async_mode, device="cuda").hf_static_decode is False
-    assert _plan(hf, async_mode, "actor_rollout_ref.rollout.static_decode=true", device="cuda").hf_static_decode
-    assert _plan(hf, "actor_rollout_ref.rollout.static_decode=false", device="cuda").hf_static_decode is False
+    assert _plan(hf, device="cuda").rollout.static_decode is True
+    assert _plan(hf).rollout.static_decode is False
+    assert _plan(hf, async_mode, device="cuda").rollout.static_decode is False
+    assert _plan(hf, async_mode, "actor_rollout_ref.rollout.static_decode=true", device="cuda").rollout.static_decode
+    assert _plan(hf, "actor_rollout_ref.rollout.static_decode=false", device="cuda").rollout.static_decode is False

@@ -1,5 +1,6 @@
-"""verl's agent loop (`rollout.mode=async`, verl/workers/rollout/agent_loops.py and tool_agent.py) on a scripted
-engine: batching of concurrent loops, the batch layout, hermes and tag tool calls, registration and failures."""
+"""verl's agent loop (`rollout.mode=async`, verl/workers/rollout/agent_loops.py, agent_loop_api.py,
+engine_server.py and tool_agent.py) on a scripted engine: batching of concurrent loops, the batch layout, hermes and
+tag tool calls, registration and failures."""
 
 from __future__ import annotations
 
@@ -15,14 +16,8 @@ from scripted_engine import EOS, TOK, ScriptedEngine
 from verl.protocol import DataProto
 from verl.single_controller.base.decorator import collect_dp_proto
 from verl.workers.config.rollout import tool_result_limit
-from verl.workers.rollout.agent_loops import (
-    AgentLoopBase,
-    AgentLoopManager,
-    AgentLoopOutput,
-    prompt_tool_schemas,
-    register,
-    unused_tools_warning,
-)
+from verl.workers.rollout.agent_loop_api import AgentLoopBase, AgentLoopOutput, register
+from verl.workers.rollout.agent_loops import AgentLoopManager, prompt_tool_schemas, unused_tools_warning
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.tool_formats import TAG_RESULT, build_call_format
 

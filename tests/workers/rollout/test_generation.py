@@ -8,13 +8,8 @@ from scripted_engine import EOS, TOK, ScriptedEngine
 
 from verl.protocol import DataProto
 from verl.workers.rollout.base import SamplingParams
-from verl.workers.rollout.generation import (
-    AgentLoops,
-    PlainSampling,
-    ToolRounds,
-    build_generator,
-    generation_mode,
-)
+from verl.workers.rollout.generation import AgentLoops, PlainSampling, ToolRounds, build_generator
+from verl.workers.rollout.modes import generation_mode
 
 ROLLOUT = {"response_length": 16, "prompt_length": 8, "seed": 0, "mode": "sync", "name": "hf",
            "agent": {"num_workers": 1, "default_agent_loop": "single_turn_agent", "agent_loop_config_path": None},

@@ -13,9 +13,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 from verl.protocol import LEFT_PAD, DataProto
 from verl.utils.torch_functional import compute_position_id_with_mask, pad_2d_list_to_tensor
 from verl.workers.rollout.base import SamplingParams
-from verl.workers.rollout.hf_rollout import HFRollout, top_k_top_p_filter
+from verl.workers.rollout.hf_rollout import HFRollout
 from verl.workers.rollout.layout import generate_sequences
 from verl.workers.rollout.registry import get_rollout_cls
+from verl.workers.rollout.sampling import top_k_top_p_filter
 
 PROMPTS = [[5, 9, 3], [17, 2], [40, 41, 42, 43, 44, 45]]  # different lengths, so left padding is exercised
 
@@ -154,7 +155,7 @@ def test_top_k_1_equals_greedy(model):
 def test_sampling_from_probs_follows_the_distribution_and_never_draws_zero_mass():
     """`sample_from_probs` (inverse CDF, one uniform per row): the frequencies of 200k draws match the probabilities
     within 4 standard errors; tokens of zero mass -- also at the start and end of the vocabulary -- never come."""
-    from verl.workers.rollout.hf_rollout import sample_from_probs
+    from verl.workers.rollout.sampling import sample_from_probs
 
     probs = torch.tensor([[0.0, 0.1, 0.0, 0.2, 0.7, 0.0], [0.5, 0.0, 0.0, 0.0, 0.0, 0.5]])
     generator = torch.Generator().manual_seed(0)
@@ -174,7 +175,7 @@ def test_sampling_compiles_in_one_graph_to_the_eager_draws():
     inversion go through custom ops that keep ATen's kernels (on CUDA Inductor's own long scan failed to build), and
     the compiled draws -- top-k / top-p filtering, then inverting the CDF with given uniform numbers -- are the eager
     ones."""
-    from verl.workers.rollout.hf_rollout import draw_uniforms, sample_from_probs
+    from verl.workers.rollout.sampling import draw_uniforms, sample_from_probs
 
     def draw(logits, uniform):
         probs = torch.softmax(top_k_top_p_filter(logits, top_k=50, top_p=0.9), dim=-1)

@@ -369,4 +369,4 @@ def test_the_run_plan_counts_the_engines_own_process_on_each_rank():
 
     plan = plan_run(load_config(overrides=["trainer.device=cpu"]), "cpu", actor_parameters=1000)
     assert plan.processes_per_rank == 1
-    assert dataclasses.replace(plan, rollout_engine="trtllm").processes_per_rank == 2
+    assert dataclasses.replace(plan, rollout=dataclasses.replace(plan.rollout, engine="trtllm")).processes_per_rank == 2

@@ -1,8 +1,8 @@
-"""verl's agent-loop API (`rollout.mode=async`): the face of verl/workers/rollout/agent_loops.py and tool_agent.py."""
+"""verl's agent-loop API (`rollout.mode=async`): the face of verl/workers/rollout/agent_loop_api.py (the loops' types,
+base class and registry), agent_loops.py (the manager) and tool_agent.py."""
 
-from verl.workers.rollout.agent_loops import (
+from verl.workers.rollout.agent_loop_api import (
     AgentLoopBase,
-    AgentLoopManager,
     AgentLoopMetrics,
     AgentLoopOutput,
     DictConfigWrap,
@@ -10,6 +10,7 @@ from verl.workers.rollout.agent_loops import (
     TokenOutput,
     register,
 )
+from verl.workers.rollout.agent_loops import AgentLoopManager
 from verl.workers.rollout.tool_agent import ToolAgentLoop
 
 __all__ = ["AgentLoopBase", "AgentLoopManager", "AgentLoopMetrics", "AgentLoopOutput", "DictConfigWrap",

@@ -14,8 +14,8 @@ from verl.workers.rollout.registry import get_rollout_cls
 
 
 def rollout_memory_claim(ctx: EngineContext) -> EngineClaim:
-    """What the plan's rollout engine (`plan.rollout_engine`) holds on the rank."""
-    return get_rollout_cls(ctx.plan.rollout_engine).memory_claim(ctx)
+    """What the plan's rollout engine (`plan.rollout.engine`) holds on the rank."""
+    return get_rollout_cls(ctx.plan.rollout.engine).memory_claim(ctx)
 
 
 def estimate_ppo_memory(

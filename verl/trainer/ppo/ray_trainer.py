@@ -172,15 +172,15 @@ class RayPPOTrainer:
         role = "actor_rollout_ref" if self.use_reference_policy else "actor_rollout"
         worker_cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=role,
                                           seed=cfg.trainer.seed, **common)
-        worker_cls.own_process = plan.rollout_engine in PROCESS_BOUND_ENGINES
+        worker_cls.own_process = plan.rollout.engine in PROCESS_BOUND_ENGINES
         self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, name_prefix="actor_rollout",
-                                               device=self.device, sequence_parallel=plan.sequence_parallel)
+                                               device=self.device, sequence_parallel=plan.actor.sequence_parallel)
         self.critic_wg = self.rm_wg = None
         loading = []  # futures: the critic and the reward model load while the actor does
         if self.use_critic:
             critic_cls = RayClassWithInitArgs(CriticWorker, config=cfg.critic, seed=cfg.trainer.seed, **common)
             self.critic_wg = RayWorkerGroup(self.resource_pool, critic_cls, name_prefix="critic", device=self.device,
-                                            sequence_parallel=plan.critic_sequence_parallel)
+                                            sequence_parallel=plan.critic.sequence_parallel)
             loading.append(self.critic_wg.init_model())
         if plan.use_reward_model:
             rm_cls = RayClassWithInitArgs(RewardModelWorker, config=cfg.reward_model, **common)
@@ -235,7 +235,7 @@ class RayPPOTrainer:
         (mode=async) also a copy of every other column, which the loops take as keyword arguments (agent_name,
         tools_kwargs, raw_prompt, extra_info, ...)."""
         gen_batch = batch.pop(batch_keys=GEN_BATCH_KEYS, non_tensor_batch_keys=["raw_prompt_ids"])
-        if self.plan.async_agent:
+        if self.plan.rollout.generation == "agent_loops":
             for key, values in batch.non_tensor_batch.items():
                 gen_batch.non_tensor_batch.setdefault(key, values)
         return gen_batch
@@ -247,7 +247,7 @@ class RayPPOTrainer:
         branching, get each prompt once with meta_info["n"]: they make a prompt's n trajectories together
         (branches of one another) on one rank.
         """
-        if self.plan.agent_loop or self.plan.async_branching:
+        if self.plan.rollout.makes_groups:
             gen_batch.meta_info["n"] = n
             padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.n_ranks)
             return unpad_dataproto(self.actor_rollout_wg.generate_sequences(padded), pad_size * n)
@@ -425,7 +425,7 @@ class RayPPOTrainer:
                 batch = batch.union(_with_metrics(self.actor_rollout_wg.compute_log_prob(batch), metrics))
             elif source == "rollout":
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
-            if source != "recompute" and "rollout_entropys" in batch.batch and self.plan.rollout_engine == "hf":
+            if source != "recompute" and "rollout_entropys" in batch.batch and self.plan.rollout.engine == "hf":
                 # The HF engine's entropies are the actor's (full vocabulary, same weights): keep actor/entropy.
                 batch.batch["entropys"] = batch.batch["rollout_entropys"]
             batch.meta_info["old_log_prob_source"] = source

@@ -33,9 +33,9 @@ from verl.utils.config import ConfigError, option
 from verl.utils.fsdp_utils import COMPUTE_DTYPES
 from verl.utils.lora import lora_settings
 from verl.utils.model_server import served_reward_engine
-from verl.utils.run_plan import LoraPlan, MicroBatches, RunPlan, UpdateBatches
+from verl.utils.run_plan import LoraPlan, MicroBatches, ModelPlan, RolloutPlan, RunPlan, UpdateBatches
 from verl.workers.rollout.hf_rollout import uses_static_decode
-from verl.workers.rollout.modes import async_agent_beyond_single_turn, uses_agent_loop, uses_async_agent
+from verl.workers.rollout.modes import async_agent_beyond_single_turn, generation_mode, uses_agent_loop
 
 # share_cpu_engine=null shares the HF engine from this many actor parameters on, where decoding is bound by reading
 # the weights (benchmarks/README.md, "Issue 14 (2026-11-25, later)").
@@ -221,59 +221,53 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
                                              rm.forward_max_token_len_per_gpu, ranks,
                                              "reward_model.micro_batch_size_per_gpu",
                                              "reward_model.forward_max_token_len_per_gpu")
+    actor_fsdp = fsdp_size(actor.fsdp_config.fsdp_size, ranks, "actor_rollout_ref.actor.fsdp_config.fsdp_size")
+    actor_compute = compute_dtype(device, actor.fsdp_config, "actor_rollout_ref.actor.fsdp_config")
+    levers = {"remove_padding": bool(model.use_remove_padding), "sequence_parallel": sp,
+              "fused_logprobs": bool(model.use_fused_kernels or model.use_liger),
+              "activation_offload": bool(model.enable_activation_offload) and device == "cuda"}
+    critic_model, rm_model = config.critic.model, config.reward_model.model
+    generation = generation_mode(rollout)
     return RunPlan(
         device=device,
         nnodes=trainer.nnodes,
         ranks_per_node=per_node,
         n_ranks=ranks,
-        rollout_n=n,
-        rows_per_rank=data.train_batch_size * n // ranks,
-        sequence_parallel=sp,
-        critic_sequence_parallel=critic_sp,
-        rollout_engine=engine,
-        agent_loop=uses_agent_loop(rollout),
-        async_agent=uses_async_agent(rollout),
-        async_branching=uses_async_agent(rollout) and rollout.beam_size > 1,
-        share_cpu_engine=share_cpu_engine(rollout.share_cpu_engine, engine, device, trainer.nnodes, ranks,
-                                          actor_parameters),
-        hf_static_decode=engine == "hf" and uses_static_decode(rollout.static_decode, device,
-                                                               varying_batches=uses_async_agent(rollout)),
-        hf_engine_dtype=hf_engine_dtype(rollout, device,
-                                        compute_dtype(device, actor.fsdp_config, "actor_rollout_ref.actor.fsdp_config")),
+        actor=ModelPlan(
+            param_dtype=COMPUTE_DTYPES[actor.fsdp_config.model_dtype], compute_dtype=actor_compute,
+            fsdp_size=actor_fsdp, compile=bool(actor.use_torch_compile), update=actor_update,
+            forward=log_prob(rollout, "rollout"), **levers),
+        ref=ModelPlan(
+            param_dtype=COMPUTE_DTYPES[ref.fsdp_config.model_dtype],
+            compute_dtype=actor_compute if device == "cuda" else COMPUTE_DTYPES[ref.fsdp_config.model_dtype],
+            fsdp_size=actor_fsdp, compile=bool(ref.use_torch_compile), forward=log_prob(ref, "ref"), **levers),
+        critic=ModelPlan(
+            param_dtype=COMPUTE_DTYPES[critic_model.fsdp_config.model_dtype],
+            compute_dtype=compute_dtype(device, critic_model.fsdp_config, "critic.model.fsdp_config"),
+            fsdp_size=fsdp_size(critic_model.fsdp_config.fsdp_size, ranks, "critic.model.fsdp_config.fsdp_size"),
+            sequence_parallel=critic_sp, remove_padding=bool(critic_model.use_remove_padding),
+            update=critic_update, forward=critic_forward,
+            model_path=(critic_model.path or model.path) if use_critic else None,
+            tokenizer_path=(critic_model.tokenizer_path or model.tokenizer_path or model.path) if use_critic else None),
+        reward_model=ModelPlan(
+            param_dtype="float32", compute_dtype="float32",
+            fsdp_size=fsdp_size(rm_model.fsdp_config.fsdp_size, ranks, "reward_model.model.fsdp_config.fsdp_size"),
+            remove_padding=bool(rm_model.use_remove_padding), forward=reward_model_forward),
+        rollout=RolloutPlan(
+            engine=engine, generation=generation,
+            agent_branching=generation == "agent_loops" and rollout.beam_size > 1, n=n,
+            rows_per_rank=data.train_batch_size * n // ranks,
+            share_cpu_engine=share_cpu_engine(rollout.share_cpu_engine, engine, device, trainer.nnodes, ranks,
+                                              actor_parameters),
+            static_decode=engine == "hf" and uses_static_decode(rollout.static_decode, device,
+                                                                varying_batches=generation == "agent_loops"),
+            hf_engine_dtype=hf_engine_dtype(rollout, device, actor_compute)),
         old_log_prob_source=old_log_prob_source(config, engine, device),
         update_needs_entropy=build_actor_objective(actor).needs_entropy,
         use_reference_policy=bool(actor.use_kl_loss or algorithm.use_kl_in_reward),
         use_critic=use_critic,
         use_reward_model=bool(config.reward_model.enable) and reward_server is None,
         reward_model_server=reward_server,
-        remove_padding=bool(model.use_remove_padding),
-        critic_remove_padding=bool(config.critic.model.use_remove_padding),
-        reward_model_remove_padding=bool(config.reward_model.model.use_remove_padding),
-        actor_param_dtype=COMPUTE_DTYPES[actor.fsdp_config.model_dtype],
-        ref_param_dtype=COMPUTE_DTYPES[ref.fsdp_config.model_dtype],
-        critic_param_dtype=COMPUTE_DTYPES[config.critic.model.fsdp_config.model_dtype],
-        compute_dtype=compute_dtype(device, actor.fsdp_config, "actor_rollout_ref.actor.fsdp_config"),
-        ref_compute_dtype=(compute_dtype(device, actor.fsdp_config, "actor_rollout_ref.actor.fsdp_config")
-                           if device == "cuda" else COMPUTE_DTYPES[ref.fsdp_config.model_dtype]),
-        critic_compute_dtype=compute_dtype(device, config.critic.model.fsdp_config, "critic.model.fsdp_config"),
-        actor_fsdp_size=fsdp_size(actor.fsdp_config.fsdp_size, ranks, "actor_rollout_ref.actor.fsdp_config.fsdp_size"),
-        critic_fsdp_size=fsdp_size(config.critic.model.fsdp_config.fsdp_size, ranks,
-                                   "critic.model.fsdp_config.fsdp_size"),
-        reward_model_fsdp_size=fsdp_size(config.reward_model.model.fsdp_config.fsdp_size, ranks,
-                                         "reward_model.model.fsdp_config.fsdp_size"),
-        fused_logprobs=bool(model.use_fused_kernels or model.use_liger),
-        activation_offload=bool(model.enable_activation_offload) and device == "cuda",
-        actor_compile=bool(actor.use_torch_compile),
-        ref_compile=bool(ref.use_torch_compile),
-        actor_update=actor_update,
-        actor_log_prob=log_prob(rollout, "rollout"),
-        ref_log_prob=log_prob(ref, "ref"),
-        critic_update=critic_update,
-        critic_forward=critic_forward,
-        reward_model_forward=reward_model_forward,
         lora=plan_lora(model),
-        critic_model_path=(config.critic.model.path or model.path) if use_critic else None,
-        critic_tokenizer_path=(config.critic.model.tokenizer_path or model.tokenizer_path or model.path)
-        if use_critic else None,
         greedy_baseline=greedy_baseline(algorithm.adv_estimator),
     )

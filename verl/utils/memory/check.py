@@ -40,13 +40,13 @@ def remedies(plan: RunPlan) -> list[tuple[str, str]]:
     keys.append(("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "flag"))
     if plan.use_reference_policy:
         keys.append(("actor_rollout_ref.ref.fsdp_config.model_dtype", "bf16"))
-    if plan.rollout_engine == "hf":
+    if plan.rollout.engine == "hf":
         keys += [
             ("actor_rollout_ref.rollout.free_cache_engine", "flag"),
             ("actor_rollout_ref.rollout.micro_batch_size", "size"),
         ]
     if plan.device == "cuda":
-        if plan.rollout_engine in ("vllm", "sglang"):
+        if plan.rollout.engine in ("vllm", "sglang"):
             keys += [
                 ("actor_rollout_ref.rollout.free_cache_engine", "flag"),
                 ("actor_rollout_ref.rollout.gpu_memory_utilization", "down"),

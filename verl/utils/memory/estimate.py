@@ -189,16 +189,16 @@ class _Pass:
 
 def _actor_pass(step: _Step, field: str) -> _Pass:
     plan, arr = step.plan, step.config.actor_rollout_ref
-    return _Pass(step.shapes["actor"], arr.actor.fsdp_config, DTYPE_BYTES[plan.compute_dtype], step.sequences(field),
-                 bool(arr.model.enable_gradient_checkpointing), DTYPE_BYTES[plan.actor_param_dtype],
-                 plan.actor_fsdp_size, plan.sequence_parallel, field.endswith("_update") and step.accumulates(field))
+    return _Pass(step.shapes["actor"], arr.actor.fsdp_config, DTYPE_BYTES[plan.actor.compute_dtype], step.sequences(field),
+                 bool(arr.model.enable_gradient_checkpointing), DTYPE_BYTES[plan.actor.param_dtype],
+                 plan.actor.fsdp_size, plan.actor.sequence_parallel, field.endswith("_update") and step.accumulates(field))
 
 
 def _critic_pass(step: _Step, field: str) -> _Pass:
     plan, model = step.plan, step.config.critic.model
-    return _Pass(step.shapes["critic"], model.fsdp_config, DTYPE_BYTES[plan.critic_compute_dtype],
-                 step.sequences(field), bool(model.enable_gradient_checkpointing), DTYPE_BYTES[plan.critic_param_dtype],
-                 plan.critic_fsdp_size, plan.critic_sequence_parallel,
+    return _Pass(step.shapes["critic"], model.fsdp_config, DTYPE_BYTES[plan.critic.compute_dtype],
+                 step.sequences(field), bool(model.enable_gradient_checkpointing), DTYPE_BYTES[plan.critic.param_dtype],
+                 plan.critic.fsdp_size, plan.critic.sequence_parallel,
                  field.endswith("_update") and step.accumulates(field))
 
 
@@ -238,7 +238,7 @@ def _pass_parts(step: _Step, p: _Pass, grad: bool, entropy: bool, extra_copies: 
         parts["sequence-parallel mask"] = p.sequences * length * length
     head_bytes = c if step.cuda else 0  # the compute-dtype logits the head makes on CUDA
     logits = 0
-    if shape.vocab and plan.fused_logprobs and not extra_copies:  # a chunk of tokens at a time (no full logits)
+    if shape.vocab and plan.actor.fused_logprobs and not extra_copies:  # a chunk of tokens at a time (no full logits)
         logits = int(min(scored, CHUNK_TOKENS) * shape.vocab * FLOAT32_BYTES * FUSED_LOGITS_COPIES)
     elif shape.vocab and grad and step.config.actor_rollout_ref.actor.entropy_from_logits_with_chunking:
         chunk = min(scored, LOGITS_CHUNK)
@@ -249,7 +249,7 @@ def _pass_parts(step: _Step, p: _Pass, grad: bool, entropy: bool, extra_copies: 
         logits = int(scored * shape.vocab * (FLOAT32_BYTES * (copies + extra_copies) + head_bytes))
     layer = tokens * shape.layer_temporaries(c)
     # With activation offload (CUDA) what autograd saves waits in host memory: one layer's is on the device.
-    saved_layers = 1 if plan.activation_offload and shape.vocab else shape.layers
+    saved_layers = 1 if plan.actor.activation_offload and shape.vocab else shape.layers
     if not grad:  # the residual stream, then one layer's temporaries at a time, then the head
         parts["hidden states"] = tokens * 2 * c * shape.hidden
         return parts, logits, ("layer temporaries", layer)
@@ -273,7 +273,7 @@ def _update_parts(step: _Step, p: _Pass, entropy: bool) -> dict[str, int]:
     layer's gradient exists -- only the head's own, with the fused log-probs, which accumulate it chunk by chunk (the
     plain head computes it after the logits' gradient) --, and every gradient exists only at its end, when the logits
     are gone. The peak is the larger of the two moments."""
-    c, shape, fused = p.compute_bytes, p.shape, step.plan.fused_logprobs
+    c, shape, fused = p.compute_bytes, p.shape, step.plan.actor.fused_logprobs
     # FSDP2 reduces each layer's unsharded gradient as it is made; the root group's (embeddings, head) stays unsharded
     # until the end of the backward. One float32 rank holds its whole gradients (no gathering).
     unsharded = shape.trainable == shape.parameters and (p.shard > 1 or c != p.param_bytes)
@@ -312,24 +312,24 @@ def _resident(step: _Step, capacity: int | None) -> dict[str, int]:
     """What each process of the rank holds between its calls, before the rollout engine."""
     plan, config, device = step.plan, step.config, step.plan.device
     arr, actor = config.actor_rollout_ref, step.shapes["actor"]
-    actor_bytes, shard = DTYPE_BYTES[plan.actor_param_dtype], plan.actor_fsdp_size
+    actor_bytes, shard = DTYPE_BYTES[plan.actor.param_dtype], plan.actor.fsdp_size
     resident = {
         "actor weights": _weights(device, actor, arr.actor.fsdp_config, actor_bytes, shard),
         "actor optimizer": _optimizer_between_updates(device, arr.actor.fsdp_config,
                                                       _optimizer(actor, actor_bytes, shard)),
     }
     if plan.use_reference_policy and plan.lora is None:
-        resident["ref weights"] = _weights(device, actor, arr.ref.fsdp_config, DTYPE_BYTES[plan.ref_param_dtype], shard)
+        resident["ref weights"] = _weights(device, actor, arr.ref.fsdp_config, DTYPE_BYTES[plan.ref.param_dtype], shard)
     if plan.use_critic:
         critic_shape, critic_fsdp = step.shapes["critic"], config.critic.model.fsdp_config
-        critic_bytes, critic_shard = DTYPE_BYTES[plan.critic_param_dtype], plan.critic_fsdp_size
+        critic_bytes, critic_shard = DTYPE_BYTES[plan.critic.param_dtype], plan.critic.fsdp_size
         resident["critic weights"] = _weights(device, critic_shape, critic_fsdp, critic_bytes, critic_shard)
         resident["critic optimizer"] = _optimizer_between_updates(
             device, critic_fsdp, _optimizer(critic_shape, critic_bytes, critic_shard))
     if plan.use_reward_model:
         resident["reward model weights"] = _weights(device, step.shapes["reward_model"],
                                                     config.reward_model.model.fsdp_config, FLOAT32_BYTES,
-                                                    plan.reward_model_fsdp_size)
+                                                    plan.reward_model.fsdp_size)
     resident["processes"] = PROCESS_BYTES * plan.processes_per_rank
     if plan.reward_model_server and step.cuda:
         # The served generative reward model shares the first GPUs with the ranks for the whole run: its share of a
@@ -365,8 +365,8 @@ def _ref(step: _Step, resident: dict[str, int]) -> dict[str, int]:
     arr, plan = step.config.actor_rollout_ref, step.plan
     ref = _actor_pass(step, "ref_log_prob")
     if plan.lora is None:
-        ref = dataclasses.replace(ref, fsdp=arr.ref.fsdp_config, compute_bytes=DTYPE_BYTES[plan.ref_compute_dtype],
-                                  param_bytes=DTYPE_BYTES[plan.ref_param_dtype])
+        ref = dataclasses.replace(ref, fsdp=arr.ref.fsdp_config, compute_bytes=DTYPE_BYTES[plan.ref.compute_dtype],
+                                  param_bytes=DTYPE_BYTES[plan.ref.param_dtype])
     return {**resident, **_forward_parts(step, ref, grad=False, entropy=False)}
 
 

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 from verl.utils.phases import Phase
 from verl.utils.run_plan import MicroBatches, RunPlan
 
-# The plan's micro-batched passes (RunPlan fields) and the phase of the estimate each one sizes.
+# The plan's micro-batched passes, each a (model role, pass) of the RunPlan, and the phase of the estimate it sizes.
 PASS_PHASES = {
     "actor_update": Phase.UPDATE_ACTOR,
     "actor_log_prob": Phase.OLD_LOG_PROB,
@@ -18,36 +18,47 @@ PASS_PHASES = {
     "critic_update": Phase.UPDATE_CRITIC,
     "critic_forward": Phase.VALUES,
 }
+PASS_FIELDS = {
+    "actor_update": ("actor", "update"),
+    "actor_log_prob": ("actor", "forward"),
+    "ref_log_prob": ("ref", "forward"),
+    "critic_update": ("critic", "update"),
+    "critic_forward": ("critic", "forward"),
+}
 
 
 def planned_passes(plan: RunPlan) -> dict[str, tuple[MicroBatches, int]]:
-    """The micro-batched passes the plan's step runs: {field: (MicroBatches, share)}, the share being the sequences
+    """The micro-batched passes the plan's step runs: {pass: (MicroBatches, share)}, the share being the sequences
     the pass cuts into micro-batches (an update's mini-batch, a forward pass's rows of the rank)."""
     runs = {
         "actor_update": True,
         "actor_log_prob": plan.old_log_prob_source == "recompute",
         "ref_log_prob": plan.use_reference_policy,
-        "critic_update": plan.critic_update is not None,
-        "critic_forward": plan.critic_forward is not None,
+        "critic_update": plan.critic.update is not None,
+        "critic_forward": plan.critic.forward is not None,
     }
     passes = {}
-    for field, on in runs.items():
+    for name, on in runs.items():
         if not on:
             continue
-        batches = getattr(plan, field)
-        if field.endswith("_update"):
-            passes[field] = (batches.micro, batches.mini_batch)
+        role, kind = PASS_FIELDS[name]
+        model = getattr(plan, role)
+        if kind == "update":
+            passes[name] = (model.update.micro, model.update.mini_batch)
         else:  # a sequence-parallel group's ranks hold the same rows: the rows of its data-parallel share
-            sp = plan.critic_sequence_parallel if field == "critic_forward" else plan.sequence_parallel
-            passes[field] = (batches, plan.rows_per_rank * sp)
+            passes[name] = (model.forward, plan.rollout.rows_per_rank * model.sequence_parallel)
     return passes
 
 
-def with_micro(plan: RunPlan, field: str, micro: MicroBatches) -> RunPlan:
+def with_micro(plan: RunPlan, name: str, micro: MicroBatches) -> RunPlan:
     """The plan with one pass's micro-batches replaced."""
-    if field.endswith("_update"):
-        micro = dataclasses.replace(getattr(plan, field), micro=micro)
-    return dataclasses.replace(plan, **{field: micro})
+    role, kind = PASS_FIELDS[name]
+    model = getattr(plan, role)
+    if kind == "update":
+        model = dataclasses.replace(model, update=dataclasses.replace(model.update, micro=micro))
+    else:
+        model = dataclasses.replace(model, forward=micro)
+    return dataclasses.replace(plan, **{role: model})
 
 
 def sequence_length(config: DictConfig) -> int:
@@ -65,5 +76,5 @@ def micro_batch_sequences(micro: MicroBatches, share: int, length: int) -> int:
 def generate_rows(config: DictConfig, plan: RunPlan) -> int:
     """Sequences the rank's engine generates in a step: the rank's prompts x n, the node's on a shared engine."""
     prompts = config.data.gen_batch_size or config.data.train_batch_size
-    rows = prompts * plan.rollout_n // plan.n_ranks
-    return rows * plan.ranks_per_node if plan.share_cpu_engine else rows
+    rows = prompts * plan.rollout.n // plan.n_ranks
+    return rows * plan.ranks_per_node if plan.rollout.share_cpu_engine else rows

@@ -1,26 +1,10 @@
-r"""verl's agent loop (`rollout.mode=async`): each sample runs as its own coroutine; one server batches their requests.
+"""verl's agent loops (`rollout.mode=async`): `AgentLoopManager` runs a rollout batch's per-sample loops on one engine
+and lays out the result; the helpers below set it up from the config (tools, call format, registered loops).
 
-verl 0.9 generates through agent loops. The driver repeats every prompt `rollout.n` times, and for each row the
-loop named by the row's `agent_name` column (else `rollout.agent.default_agent_loop`) runs as a coroutine: it asks
-the rollout engine for tokens (`await self.server_manager.generate(...)`), may call tools, and returns an
-`AgentLoopOutput` (prompt ids; response ids; response mask, 1 on the model's tokens and 0 on tool output).
-
-**The server** (`EngineServer`, the loops' `server_manager`). Requests wait in one queue. A batch goes to the engine
-when every loop still running is waiting on it, or when no new request came for `BATCH_WINDOW_S` while some loops
-are busy elsewhere (in a tool call); the first batch of a call also waits (up to `FIRST_REQUEST_WAIT_S`) for every
-loop to ask once. The engine runs in the calling thread while the loops go on in `agent.num_workers` threads, each
-with its own event loop: one loop's tool call runs while the others decode, and a loop written with blocking code
-stalls only its own thread. A batch reaches the engine in row order, so with plain sampling it is the same engine
-call as `mode=sync` makes, and the same seed gives the same samples. Requests whose sampling differs in more than
-`max_tokens` go in separate engine calls (the HF engine samples one way per call). vLLM (an engine of one rank)
-batches continuously instead, as verl's async vLLM server does: each request joins the running batch when it comes
-and its loop resumes the step it finishes (`EngineServer._stream`; `VLLMRollout.add_request` / `step` over vLLM's
-engine), so no loop waits for a batch to end; its samples then depend on the timing of the tool calls.
-
-**Loops.** `single_turn_agent` (one generation) and `tool_agent` (multi-turn tool calls, see `ToolAgentLoop`) are
-built in. A user loop subclasses `AgentLoopBase`, implements `async run(sampling_params, **row) -> AgentLoopOutput`,
-and is registered with `@register("name")` in a module that `actor_rollout_ref.model.external_lib` imports, or
-listed in the YAML of `agent.agent_loop_config_path` (a list of `{name: ..., _target_: module.Class}`).
+The driver repeats every prompt `rollout.n` times, and each row's loop (agent_loop_api.py: the row's `agent_name`
+column, else `rollout.agent.default_agent_loop`) runs as a coroutine on one of `agent.num_workers` threads, asking
+one `EngineServer` (engine_server.py) for tokens while this thread runs the engine. With ARPO's branching a prompt's
+n trajectories are `tool_agent` loops that branch from one another (`AgentLoopManager._run_group`).
 
 **The batch.** Outputs become the trainer's rollout batch (`layout.layout_responses`): prompts left-padded (to the
 longest prompt a loop used when that is longer than the input's), responses right-padded and cut at
@@ -30,327 +14,31 @@ longest prompt a loop used when that is longer than the input's), responses righ
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextvars
 import functools
-import importlib
-import logging
 import os
 import random
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from verl.utils.torch_functional import compute_position_id_with_mask, pad_2d_list_to_tensor
+from verl.workers.rollout.agent_loop_api import (
+    AGENT,
+    AgentLoopBase,
+    AgentLoopOutput,
+    DictConfigWrap,
+    agent_loop_class,
+    load_agent_loop_config,
+)
 from verl.workers.rollout.base import RolloutEngine, SamplingParams
+from verl.workers.rollout.engine_server import CURRENT_LOOP, EngineServer, LoopState
 from verl.workers.rollout.layout import layout_responses, unpadded_prompts
 from verl.workers.rollout.modes import uses_async_agent
-
-logger = logging.getLogger(__name__)
-
-BATCH_WINDOW_S = 0.01
-FIRST_REQUEST_WAIT_S = 2.0
-AGENT = "actor_rollout_ref.rollout.agent"
-
-
-# ---------------------------------------------------------------------------------------------- verl's data types
-@dataclass
-class TokenOutput:
-    """What `server_manager.generate` returns: the sampled tokens with their log-probs (verl's fields) and entropies."""
-
-    token_ids: list[int]
-    log_probs: list[float]
-    entropies: list[float] = field(default_factory=list)
-    finish_reason: str = "length"
-    stop_reason: str | int | None = None
-    top_log_probs: list[list[float]] | None = None  # with sampling_params["top_logprobs"] = k (ARPO's entropy)
-    num_preempted: int | None = None
-
-
-@dataclass
-class AgentLoopMetrics:
-    """Seconds a loop spent waiting on the engine and on tools (verl's names)."""
-
-    generate_sequences: float = 0.0
-    tool_calls: float = 0.0
-
-
-@dataclass
-class AgentLoopOutput:
-    """One trajectory. `response_mask` has one entry per response token: 1 where the model sampled it (trained), 0 on
-    tool output. `metrics` may be an `AgentLoopMetrics` or a dict of its fields; `extra_fields` travel as per-row
-    columns of the batch (`response_entropies` there fills `rollout_entropys`)."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    response_logprobs: list[float] | None = None
-    num_turns: int = 0
-    metrics: Any = field(default_factory=AgentLoopMetrics)
-    reward_score: float | None = None
-    multi_modal_data: dict | None = None
-    extra_fields: dict[str, Any] = field(default_factory=dict)
-
-
-class DictConfigWrap:
-    """The whole config handed to a loop (verl wraps it so that instantiation does not resolve it)."""
-
-    def __init__(self, config: DictConfig):
-        self.config = config
-
-
-# ---------------------------------------------------------------------------------------------- the loops' base
-class AgentLoopBase:
-    """A coroutine that turns one row into one trajectory. Attributes: `config` (the whole config),
-    `rollout_config` (`actor_rollout_ref.rollout`), `server_manager` (the `EngineServer`), `tokenizer`,
-    `processor` (None: text only), `tools` (tool name -> verl-style tool), `prompt_length`, `response_length`."""
-
-    def __init__(self, trainer_config: Any, server_manager: EngineServer, tokenizer, processor=None, **kwargs):
-        self.config = trainer_config.config if isinstance(trainer_config, DictConfigWrap) else trainer_config
-        self.rollout_config = self.config.actor_rollout_ref.rollout
-        self.server_manager, self.tokenizer, self.processor = server_manager, tokenizer, processor
-        self.tools: dict[str, Any] = kwargs.get("tools") or {}
-        self.response_length = int(self.rollout_config.response_length)
-        self.prompt_length = int(self.rollout_config.get("prompt_length") or 0)
-        self.apply_chat_template_kwargs = dict(kwargs.get("apply_chat_template_kwargs") or {})
-
-    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
-                                  remove_system_prompt: bool = False, **_: Any) -> list[int]:
-        """Token ids of `messages` with the generation prompt (and the tools' schemas where the template renders
-        them), computed in a thread."""
-        def render():
-            ids = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                                     tokenize=True, **self.apply_chat_template_kwargs)
-            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        return await asyncio.to_thread(render)
-
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        raise NotImplementedError(f"{type(self).__name__}.run(sampling_params, **row) must be implemented")
-
-
-# name -> loop class, or its import path until first use (the tool loop lives in tool_agent.py).
-_AGENT_LOOPS: dict[str, Any] = {"tool_agent": "verl.workers.rollout.tool_agent.ToolAgentLoop"}
-
-
-def register(agent_name: str):
-    """Class decorator: the loop that rows with `agent_name` (or `agent.default_agent_loop`) run."""
-    def decorate(cls):
-        _AGENT_LOOPS[agent_name] = cls
-        return cls
-    return decorate
-
-
-def registered_agent_loops() -> list[str]:
-    return sorted(_AGENT_LOOPS)
-
-
-def load_agent_loop_config(path: str) -> None:
-    """Register the loops of `agent.agent_loop_config_path`: a YAML list of `{name, _target_}` (verl's file)."""
-    try:
-        entries = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except Exception as err:
-        raise ValueError(f"{AGENT}.agent_loop_config_path={path!r} cannot be read: {err}") from err
-    if not isinstance(entries, list):
-        raise ValueError(f"{AGENT}.agent_loop_config_path={path!r} must hold a list of {{name, _target_}} entries")
-    for k, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not entry.get("name") or not entry.get("_target_"):
-            raise ValueError(f"{path}: entry {k} must have `name` and `_target_` (module.Class), got {entry!r}")
-        _AGENT_LOOPS[str(entry["name"])] = str(entry["_target_"])
-
-
-def agent_loop_class(name: str) -> type[AgentLoopBase]:
-    """The class registered under `name`, importing a `_target_` path on first use."""
-    if name not in _AGENT_LOOPS:
-        raise ValueError(f"agent loop {name!r} (the row's agent_name, or {AGENT}.default_agent_loop) is not registered;"
-                         f" registered: {', '.join(registered_agent_loops())}. Register a loop with "
-                         "@verl.experimental.agent_loop.register(name) in a module named by "
-                         f"actor_rollout_ref.model.external_lib, or list it in {AGENT}.agent_loop_config_path")
-    target = _AGENT_LOOPS[name]
-    if isinstance(target, str):
-        module, _, attr = target.rpartition(".")
-        try:
-            target = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as err:
-            raise ValueError(f"agent loop {name!r}: cannot import {_AGENT_LOOPS[name]!r} ({err})") from err
-        _AGENT_LOOPS[name] = target
-    return target
-
-
-# ---------------------------------------------------------------------------------------------- the server
-@dataclass
-class _LoopState:
-    row: int
-    asked: bool = False
-    requests: int = 0
-
-
-_CURRENT_LOOP: contextvars.ContextVar[_LoopState | None] = contextvars.ContextVar("agent_loop", default=None)
-
-
-@dataclass
-class _Request:
-    order: tuple[int, int]
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: concurrent.futures.Future
-
-
-def _token_output(out) -> TokenOutput:
-    """A loop's TokenOutput of an engine's CompletionOutput."""
-    return TokenOutput(token_ids=list(out.token_ids), log_probs=list(out.log_probs), entropies=list(out.entropies),
-                       finish_reason=out.finish_reason, stop_reason=out.stop_reason, top_log_probs=out.top_log_probs)
-
-
-class EngineServer:
-    """The loops' `server_manager` over one `RolloutEngine` (module docstring). `base` is the call's sampling (the
-    rollout config's or validation's); a loop's `sampling_params` dict overrides temperature, top_p, top_k,
-    max_tokens (null: `response_length`), stop and stop_token_ids."""
-
-    def __init__(self, engine: RolloutEngine, base: SamplingParams, response_length: int):
-        self.engine, self.base, self.response_length = engine, base, response_length
-        self._cond = threading.Condition()
-        self._pending: list[_Request] = []
-        self._running = 0  # loops not finished
-        self._fresh = 0  # loops that have not asked yet
-        self._holders = 0  # branching groups that may still start loops
-        self.batch_sizes: list[int] = []
-
-    async def generate(self, request_id: str | None = None, *, prompt_ids: list[int],
-                       sampling_params: dict[str, Any] | None = None, image_data=None, **_: Any) -> TokenOutput:
-        """Sample one completion of `prompt_ids` (verl's signature; `request_id` is only a label here)."""
-        if image_data:
-            raise NotImplementedError("image inputs: vision-language rollouts are not built in Quiver")
-        params = self.sampling(sampling_params or {})
-        state = _CURRENT_LOOP.get()
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._cond:
-            if state is not None:
-                if not state.asked:
-                    state.asked = True
-                    self._fresh -= 1
-                state.requests += 1
-            order = (state.row, state.requests) if state is not None else (1 << 62, len(self._pending))
-            self._pending.append(_Request(order, [int(t) for t in prompt_ids], params, future))
-            self._cond.notify_all()
-        return await asyncio.wrap_future(future)
-
-    def sampling(self, overrides: dict[str, Any]) -> SamplingParams:
-        """The engine's SamplingParams of one request."""
-        known = {}
-        for key in ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "do_sample"):
-            if overrides.get(key) is not None:
-                known[key] = overrides[key]
-        if "max_new_tokens" in overrides and "max_tokens" not in known:
-            known["max_tokens"] = overrides["max_new_tokens"]
-        known.setdefault("max_tokens", self.response_length)
-        known["max_tokens"] = max(1, int(known["max_tokens"]))
-        if known.get("top_k") is not None:
-            known["top_k"] = int(known["top_k"])
-        return replace(self.base, n=1, logprobs=overrides.get("top_logprobs"), **known)
-
-    # ------------------------------------------------------------------ the loops' side of the bookkeeping
-    def _begin(self, count: int) -> None:
-        with self._cond:
-            self._running += count
-            self._fresh += count
-
-    def _finish(self, state: _LoopState) -> None:
-        with self._cond:
-            self._running -= 1
-            if not state.asked:
-                self._fresh -= 1
-            self._cond.notify_all()
-
-    def _hold(self) -> None:
-        with self._cond:
-            self._holders += 1
-
-    def _release(self) -> None:
-        with self._cond:
-            self._holders -= 1
-            self._cond.notify_all()
-
-    # ------------------------------------------------------------------ the engine's side
-    def serve(self, alive: Callable[[], bool] = lambda: True) -> None:
-        """Run batches until every loop has finished (in the thread that owns the engine), or until `alive()` says
-        the threads running the loops are gone (a crash outside any loop: nothing would ask again). An engine that
-        streams (`streams`, vLLM's) takes each request as it comes instead (`_stream`)."""
-        if self.engine.streams:
-            return self._stream(alive)
-        first_deadline = time.monotonic() + FIRST_REQUEST_WAIT_S
-        while True:
-            with self._cond:
-                while not self._pending and (self._running > 0 or self._holders > 0):
-                    if not self._cond.wait(timeout=1.0) and not alive():
-                        return
-                if not self._pending:
-                    return
-                while len(self._pending) < self._running:
-                    if self._fresh > 0 and time.monotonic() < first_deadline:
-                        self._cond.wait(max(first_deadline - time.monotonic(), 0.0))
-                        continue
-                    count = len(self._pending)
-                    self._cond.wait(BATCH_WINDOW_S)
-                    if len(self._pending) == count:
-                        break
-                batch = sorted(self._pending, key=lambda r: r.order)
-                self._pending = []
-            self._run(batch)
-
-    def _stream(self, alive: Callable[[], bool]) -> None:
-        """Continuous batching: each request joins the engine's running batch as soon as it comes (`add_request`),
-        the engine steps while any is unfinished (`step`), and each loop gets its completion the step it finishes,
-        so a loop back from a tool call never waits for a batch to end. `batch_sizes` holds the requests running at
-        each engine step."""
-        in_flight: dict[str, _Request] = {}
-        while True:
-            with self._cond:
-                while not self._pending and not in_flight and (self._running > 0 or self._holders > 0):
-                    if not self._cond.wait(timeout=1.0) and not alive():
-                        return
-                if not self._pending and not in_flight:
-                    return
-                arrived = sorted(self._pending, key=lambda r: r.order)
-                self._pending = []
-            for request in arrived:
-                try:
-                    in_flight[self.engine.add_request(request.prompt_ids, request.params)] = request
-                except Exception as err:  # this request's loop gets the engine's error
-                    request.future.set_exception(err)
-            if not in_flight:
-                continue
-            self.batch_sizes.append(len(in_flight))
-            try:
-                finished = self.engine.step()
-            except Exception as err:  # every running request's loop gets the engine's error
-                for request in in_flight.values():
-                    request.future.set_exception(err)
-                in_flight.clear()
-                continue
-            for request_id, out in finished:
-                in_flight.pop(request_id).future.set_result(_token_output(out))
-
-    def _run(self, batch: list[_Request]) -> None:
-        self.batch_sizes.append(len(batch))
-        groups: dict[str, list[_Request]] = {}
-        for request in batch:  # one engine call per sampling (max_tokens aside), in row order
-            groups.setdefault(repr(replace(request.params, max_tokens=1)), []).append(request)
-        for requests in groups.values():
-            try:
-                outputs = self.engine.generate([r.prompt_ids for r in requests], [r.params for r in requests])
-            except Exception as err:  # every loop of the call gets the engine's error
-                for r in requests:
-                    r.future.set_exception(err)
-                continue
-            for r, (out, *_) in zip(requests, outputs):
-                r.future.set_result(_token_output(out))
 
 
 # ---------------------------------------------------------------------------------------------- set-up
@@ -505,8 +193,8 @@ class AgentLoopManager:
             server._begin(rows)
 
             async def one(i: int) -> None:
-                state = _LoopState(row=i)
-                _CURRENT_LOOP.set(state)
+                state = LoopState(row=i)
+                CURRENT_LOOP.set(state)
                 try:
                     results[i] = await make_loop(names[i]).run(dict(sampling), **row_kwargs(i))
                 except BaseException as err:  # reported after every loop has finished
@@ -594,8 +282,8 @@ class AgentLoopManager:
                     spawn("branch", before.branch())  # from the point it was at, without branching there again
 
         async def member(slot: int, trace) -> None:
-            state = _LoopState(row=p * (1 << 20) + slot)  # batches keep prompt, then creation, order
-            _CURRENT_LOOP.set(state)
+            state = LoopState(row=p * (1 << 20) + slot)  # batches keep prompt, then creation, order
+            CURRENT_LOOP.set(state)
             try:
                 results[slot] = await make_loop("tool_agent").run(
                     dict(sampling), **kwargs, _trace=trace, _branch_hook=on_branch_point,
@@ -667,25 +355,3 @@ class AgentLoopManager:
         for name, count in Counter(names).items():
             metrics[f"agent/rows/{name}"] = float(count)
         return metrics
-
-
-def new_request_id() -> str:
-    return uuid.uuid4().hex
-
-
-@register("single_turn_agent")
-class SingleTurnAgentLoop(AgentLoopBase):
-    """verl's `single_turn_agent`: one generation from the row's prompt ids (the dataset applied the chat template)."""
-
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        prompt_ids = [int(t) for t in kwargs["raw_prompt_ids"]]
-        start = time.perf_counter()
-        out = await self.server_manager.generate(new_request_id(), prompt_ids=prompt_ids,
-                                                 sampling_params=sampling_params)
-        tokens = out.token_ids[: self.response_length]
-        return AgentLoopOutput(
-            prompt_ids=prompt_ids, response_ids=tokens, response_mask=[1] * len(tokens),
-            response_logprobs=out.log_probs[: len(tokens)], num_turns=2,
-            metrics=AgentLoopMetrics(generate_sequences=time.perf_counter() - start),
-            extra_fields={"response_entropies": out.entropies[: len(tokens)], "finish_reason": out.finish_reason,
-                          "stop_reason": out.stop_reason})

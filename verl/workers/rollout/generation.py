@@ -7,7 +7,7 @@
   (`base.generate_sequences`).
 - `ToolRounds` (mode `tool_rounds`, rollout.mode=sync_with_tool): the seeds' round-based tool loop with ARPO's and
   AEPO's branching (`tool_rounds.ToolRoundLoop`); a prompt's n trajectories are made together.
-- `AgentLoops` (mode `agent_loops`, rollout.mode=async): verl's per-sample agent loops (`async_agent.AgentLoopManager`),
+- `AgentLoops` (mode `agent_loops`, rollout.mode=async): verl's per-sample agent loops (`agent_loops.AgentLoopManager`),
   each prompt's n loops independent, or branching from one another with ARPO's beam.
 
 `validate` samples without branching (validation and offline evaluation). Which way a run generates is decided once,
@@ -24,9 +24,7 @@ from typing import Any, Protocol
 from verl.protocol import DataProto
 from verl.workers.rollout.base import RolloutEngine, SamplingParams
 from verl.workers.rollout.layout import generate_sequences
-from verl.workers.rollout.modes import uses_agent_loop, uses_async_agent
-
-GENERATION_MODES = ("plain", "tool_rounds", "agent_loops")
+from verl.workers.rollout.modes import GENERATION_MODES
 
 
 class Generator(Protocol):
@@ -85,13 +83,6 @@ class AgentLoops:
 
     def close(self) -> None:
         pass
-
-
-def generation_mode(rollout: Any) -> str:
-    """The way a rollout config generates (one of GENERATION_MODES)."""
-    if uses_async_agent(rollout):
-        return "agent_loops"
-    return "tool_rounds" if uses_agent_loop(rollout) else "plain"
 
 
 def build_generator(engine: RolloutEngine, tokenizer, config: Any, rank: int, mode: str) -> Generator:

@@ -8,7 +8,7 @@ distribution it was sampled from. Definitions, per step with logits z and temper
 
 both taken *before* top-k / top-p filtering: that is the distribution the actor recomputes from its own forward pass
 (`logits / temperature`, then log-softmax), so `rollout_log_probs` and `old_log_probs` agree up to numerics.
-Top-k / top-p only restrict which token is drawn.
+Top-k / top-p only restrict which token is drawn (the filters and the draw itself: sampling.py).
 
 Two decode loops sample from the same distributions (greedy: the same tokens; sampled, on the CPU: the same draws
 from the engine's generator until a row finishes, since the eager loop then draws for fewer rows):
@@ -56,6 +56,7 @@ from verl.utils.torch_functional import (
 from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, params_per_prompt
 from verl.workers.rollout.decode_attention import use_grouped_decode_attention
 from verl.workers.rollout.registry import register_rollout
+from verl.workers.rollout.sampling import draw_uniforms, sample_from_probs, scaled_logits, top_k_top_p_filter
 from verl.workers.rollout.served import config_value
 
 # The static loop asks whether every row is done once every this many steps (a host sync each time).
@@ -77,85 +78,6 @@ def diverged_weights() -> FloatingPointError:
         "the rollout model's next-token logits are NaN or inf, so no token can be sampled: its weights have diverged. "
         "Look at the steps before (actor/grad_norm, actor/skipped_steps, actor/pg_loss) and lower "
         "actor_rollout_ref.actor.optim.lr or set actor_rollout_ref.actor.grad_clip")
-
-
-# Two steps of sampling that the compiled static step leaves to ATen's kernels (on CUDA CUB's scan and ATen's binary
-# search, which a CUDA graph captures like any other kernel): Inductor's own scan over a row as long as a vocabulary
-# does not build on CUDA (torch 2.11, an H200: the step's cumsum over [128, 151936] failed in its split-scan code
-# generation, InductorError "list indices must be integers or slices, not NoneType"). As custom ops they are opaque to
-# torch.compile; eager code calls the plain ops (a custom op's dispatch costs 40 us a call).
-
-
-def _invert_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    cumulative = probs.cumsum(dim=-1)
-    tokens = torch.searchsorted(cumulative, uniform.to(cumulative.dtype) * cumulative[:, -1:], right=True)
-    return tokens.clamp_(max=probs.shape[-1] - 1).squeeze(-1)
-
-
-@torch.library.custom_op("quiver::invert_cdf", mutates_args=())
-def _invert_cdf_op(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    return _invert_cdf(probs, uniform)
-
-
-@_invert_cdf_op.register_fake
-def _(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    return probs.new_empty(probs.shape[0], dtype=torch.long)
-
-
-@torch.library.custom_op("quiver::row_cumsum", mutates_args=())
-def _row_cumsum_op(values: torch.Tensor) -> torch.Tensor:
-    return values.cumsum(dim=-1)
-
-
-@_row_cumsum_op.register_fake
-def _(values: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(values)
-
-
-def row_cumsum(values: torch.Tensor) -> torch.Tensor:
-    """The cumulative sums along the last dimension (ATen's kernel also when compiled, see above)."""
-    return _row_cumsum_op(values) if torch.compiler.is_compiling() else values.cumsum(dim=-1)
-
-
-def draw_uniforms(rows: int, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The `(rows, 1)` float32 uniform numbers in [0, 1) that `sample_from_probs` inverts, one per row."""
-    return torch.rand(rows, 1, generator=generator, device=device, dtype=torch.float32)
-
-
-def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = None,
-                      uniform: torch.Tensor | None = None) -> torch.Tensor:
-    """One token per row of `probs` `(batch, vocab)`, drawn by inverting the row's cumulative distribution with one
-    uniform number: u in [0, total), the token is the first whose cumulative mass exceeds u, so a token of zero mass
-    (cut by top-k / top-p) is never drawn. The same distribution as `torch.multinomial`, which draws a random number
-    per vocabulary entry: 14x faster on the CPU at 32 rows x 768 tokens (0.028 against 0.39 ms). `uniform`: the
-    `(batch, 1)` numbers in [0, 1) drawn beforehand (`draw_uniforms`, for a compiled step), else drawn here. ATen's
-    kernels also when compiled (see above)."""
-    u = draw_uniforms(probs.shape[0], probs.device, generator) if uniform is None else uniform
-    return _invert_cdf_op(probs, u) if torch.compiler.is_compiling() else _invert_cdf(probs, u)
-
-
-def top_k_top_p_filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set to -inf every logit outside the top-k tokens and outside the smallest set holding `top_p` of the mass.
-
-    logits `(batch, vocab)`; `top_k <= 0` and `top_p >= 1` switch the respective filter off.
-    """
-    if 0 < top_k < logits.shape[-1]:
-        kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # Drop a token once the tokens ranked above it already hold top_p of the mass (the first is always kept).
-        drop_sorted = (row_cumsum(probs) - probs) >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def _scaled(logits: torch.Tensor, greedy: bool, temperature: float) -> torch.Tensor:
-    """The float32 logits of the distribution a token is sampled from: z / T, or z itself when greedy (T = 1)."""
-    logits = logits.float()
-    return logits if greedy else logits / temperature
 
 
 @dataclass
@@ -238,7 +160,7 @@ def uses_static_decode(static_decode: bool | None, device_type: str, varying_bat
     """Whether the HF engine decodes with the static loop: `rollout.static_decode`, where null means on CUDA only,
     and not for `varying_batches` (verl's async agent loops hand the engine whatever requests are pending, so nearly
     every call would have a new shape, and each new shape compiles its graph again). The run plan decides it
-    (`RunPlan.hf_static_decode`, which the memory estimate reads) and the workers hand the engine its answer; an
+    (`RunPlan.rollout.static_decode`, which the memory estimate reads) and the workers hand the engine its answer; an
     engine built on its own asks this with its device."""
     if static_decode is None:
         return device_type == "cuda" and not varying_batches
@@ -315,7 +237,7 @@ class HFRollout(RolloutEngine):
     def build(cls, *, model_path, tokenizer, config, device, seed, load_module, weights_follow, tokenizer_path=None,
               trust_remote_code=False, hf_overrides=None, static_decode: bool | None = None) -> HFRollout:
         """See `RolloutEngine.build`: this engine runs the module `load_module()` returns. `static_decode`: the run
-        plan's choice of decode loop (`RunPlan.hf_static_decode`), which the worker passes."""
+        plan's choice of decode loop (`RunPlan.rollout.static_decode`), which the worker passes."""
         return cls(module=load_module(), tokenizer=tokenizer, config=config, device=device, seed=seed,
                    weights_follow=weights_follow, static_decode=static_decode)
 
@@ -534,7 +456,7 @@ class HFRollout(RolloutEngine):
 
     def _pick(self, scaled: torch.Tensor, greedy: bool, top_k: int, top_p: float,
               uniform: torch.Tensor | None) -> torch.Tensor:
-        """The next token of each row from its `_scaled` logits: the largest when greedy, else drawn after top-k /
+        """The next token of each row from its `scaled_logits`: the largest when greedy, else drawn after top-k /
         top-p with the `uniform` numbers (drawn here from the engine's generator when None)."""
         if greedy:
             return scaled.argmax(dim=-1)
@@ -561,9 +483,9 @@ class HFRollout(RolloutEngine):
     def _draw(self, logits: torch.Tensor, greedy: bool, temperature: float, top_k: int, top_p: float,
               uniform: torch.Tensor | None):
         """The module docstring's definitions for one step of logits `(batch, vocab)`, from plain sampling values
-        (so that the compiled step can take them): the `_scaled` logits, the next tokens (`_pick`), their log-probs
+        (so that the compiled step can take them): the `scaled_logits`, the next tokens (`_pick`), their log-probs
         and the distribution's entropy."""
-        scaled = _scaled(logits, greedy, temperature)
+        scaled = scaled_logits(logits, greedy, temperature)
         tokens = self._pick(scaled, greedy, top_k, top_p, uniform)
         return scaled, tokens, logprobs_from_logits(scaled, tokens), entropy_from_logits(scaled)
 
@@ -686,9 +608,9 @@ class HFRollout(RolloutEngine):
         actor, plan = ctx.actor, ctx.plan
         prompt, response = ctx.prompt_length, ctx.response_length
         decoding = min(ctx.rollout.micro_batch_size or ctx.rows, ctx.rows)
-        e = DTYPE_BYTES[plan.hf_engine_dtype]
+        e = DTYPE_BYTES[plan.rollout.hf_engine_dtype]
         generate = {"hf engine weights": e * actor.parameters}
-        if plan.hf_static_decode:  # one preallocated cache of the bucketed prompt and the whole response
+        if plan.rollout.static_decode:  # one preallocated cache of the bucketed prompt and the whole response
             bucketed = -(-prompt // STATIC_PROMPT_BUCKET) * STATIC_PROMPT_BUCKET
             generate["KV cache"] = decoding * 2 * actor.kv_dim * (bucketed + response) * e * actor.layers
         else:  # the cache grows by concatenation: the step's new tensors of a layer exist beside the old ones
@@ -696,7 +618,7 @@ class HFRollout(RolloutEngine):
         sampling = decoding * actor.vocab * FLOAT32_BYTES * SAMPLING_COPIES  # the sampler's float32 logits
         generate["prefill"] = decoding * prompt * (2 * e * actor.hidden + actor.layer_temporaries(e)) + sampling
         resident = {}
-        if ctx.cuda and plan.hf_static_decode:
+        if ctx.cuda and plan.rollout.static_decode:
             resident = {"hf engine weights": generate.pop("hf engine weights"), "KV cache": generate.pop("KV cache"),
                         "decode graph pool": sampling}
         elif not ctx.rollout.free_cache_engine:

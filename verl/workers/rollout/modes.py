@@ -1,6 +1,6 @@
 """Which way a rollout config generates: plain sampling, the seeds' round-based tool loop (tool_rounds.py), or verl's
 per-sample agent loops (agent_loops.py). Each predicate reads `actor_rollout_ref.rollout` (or generation's `rollout`)
-alone; the run plan and offline generation decide the mode once from them (generation.generation_mode)."""
+alone; the run plan and offline generation decide the mode once from them (`generation_mode`)."""
 
 from __future__ import annotations
 
@@ -39,3 +39,15 @@ def async_agent_beyond_single_turn(rollout: Any) -> bool:
     return bool(multi_turn.get("tool_config_path") or multi_turn.get("function_tool_path")
                 or tools.get("tool_instances") or tools.get("config_path") or agent.get("agent_loop_config_path")
                 or (agent.get("default_agent_loop") or "single_turn_agent") != "single_turn_agent")
+
+
+# How a rank generates (verl/workers/rollout/generation.py has one Generator per mode).
+GENERATION_MODES = ("plain", "tool_rounds", "agent_loops")
+
+
+def generation_mode(rollout: Any) -> str:
+    """The way a rollout config generates (one of GENERATION_MODES): verl's agent loops, the seeds' tool rounds, or
+    plain sampling."""
+    if uses_async_agent(rollout):
+        return "agent_loops"
+    return "tool_rounds" if uses_agent_loop(rollout) else "plain"

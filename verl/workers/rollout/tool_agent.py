@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verl.workers.config.rollout import tool_result_limit
-from verl.workers.rollout.agent_loops import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, new_request_id
+from verl.workers.rollout.agent_loop_api import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, new_request_id
 from verl.workers.rollout.tool_formats import HERMES_OPEN, HermesFormat, ToolCall, truncate_result
 from verl.workers.rollout.trajectory import Trajectory
 from verl.workers.tools.openai_tools import schema_dict, schema_dicts
