@@ -30,8 +30,8 @@ def shard_model(model: torch.nn.Module, mesh, device: str, fsdp_config=None,
     none) with fp32 gradient reduction, and `param_offload`/`offload_policy` keep the parameters in host memory
     between uses. On CPU everything stays fp32, and a mesh of one rank leaves the model as it is: there is nothing
     to shard or reduce, and FSDP2 would still copy every weight into its gather buffer in the forward and every
-    gradient through its reduce buffer in the backward (benchmarks/update_levers.py at the Qwen2.5-0.5B shape, 8 x 90
-    tokens on 2 cores: forward 4.97 s against 3.89, backward 12.2 against 11.1). Whatever reads the model's tensors
+    gradient through its reduce buffer in the backward (benchmarks/update_levers.py; the figures: benchmarks/README.md,
+    "Measurements behind code choices"). Whatever reads the model's tensors
     takes plain tensors as well as DTensors (the weight push, checkpoints, the merger).
     """
     if device == "cpu" and mesh.size() == 1:
@@ -97,9 +97,9 @@ def build_optimizer(model: torch.nn.Module, lr: float, betas, weight_decay: floa
 
     With every trainable parameter on one CUDA or CPU device (FSDP2's DTensor shards included, also when offloaded
     to host memory) and torch at FUSED_ADAMW_MIN_TORCH or newer, AdamW is torch's fused kernel: one pass over each
-    parameter's weight, gradient and moments instead of a dozen (on the CPU, benchmarks/update_levers.py: a 494M-parameter
-    FSDP2 model's step took 0.22 s against the single-tensor loop's 1.98 s; transformers' Trainer, TRL's too,
-    defaults to it as well);
+    parameter's weight, gradient and moments instead of a dozen (benchmarks/update_levers.py; the figures:
+    benchmarks/README.md, "Measurements behind code choices"; transformers' Trainer, TRL's too, defaults to it as
+    well);
     elsewhere torch picks. tests/gpu/test_gpu_optimizer.py checks, on the torch it runs on, that the optimizer built
     here keeps no host objects between steps.
     """

@@ -104,6 +104,16 @@ class RolloutPlan:
     # The HF engine's own copy of the model: float32 on CPU (where its log-probs may stand in for the actor's), on
     # CUDA rollout.dtype, bf16 by default, as vLLM's.
     hf_engine_dtype: str
+    seed: int | None = None  # rollout.seed
+    tensor_parallel: int = 1  # rollout.tensor_model_parallel_size: ranks of one engine
+
+    def engine_seed(self, rank: int) -> int | None:
+        """The seed a rank's engine is built with: None for the HF engine, which samples from the rank's torch RNG
+        (which checkpoints save); an engine with its own seed gets rollout.seed moved by its tensor-parallel group,
+        the same on the ranks of one group (they are one engine)."""
+        if self.engine == "hf" or self.seed is None:
+            return None
+        return self.seed + rank // self.tensor_parallel
 
     @property
     def makes_groups(self) -> bool:

@@ -65,8 +65,8 @@ def tensor_checksum(tensor: torch.Tensor) -> torch.Tensor:
     """The sum of a tensor's values as a 0-dim float64 tensor on its device: float32 within each row (the last
     dimension), float64 across rows. The same values in the same shape give the same bits whatever the thread count
     (each row is reduced by one thread), so the actor's weights and an engine's copy of them can be compared exactly;
-    on the CPU it is 25x faster than a float64 sum (0.013 against 0.32 s for a 151,936 x 896 embedding, 2 threads),
-    which the weight push into vLLM paid for every tensor (0.9 of its 2.3 s at the Qwen2.5-0.5B shape)."""
+    on the CPU it is much faster than a float64 sum, which the weight push into vLLM paid for every tensor
+    (benchmarks/README.md, "Measurements behind code choices")."""
     values = tensor.detach()
     if values.dim() == 0:
         return values.double()

@@ -146,9 +146,7 @@ class ActorRolloutRefWorker(Worker):
             rollout = self.config.rollout
             name = plan.rollout.engine
             planned = {"static_decode": plan.rollout.static_decode} if name == "hf" else {}  # the plan's decode loop
-            # The HF engine samples from the rank's torch RNG (which checkpoints save); vLLM has its own seed, the
-            # same on the ranks of one tensor-parallel group (they are one engine).
-            seed = None if name == "hf" else rollout.seed + self.rank // rollout.tensor_model_parallel_size
+            seed = plan.rollout.engine_seed(self.rank)
             shared = plan.rollout.share_cpu_engine
             engine = None
             if not shared or self.rank == 0:

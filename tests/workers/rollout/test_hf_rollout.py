@@ -495,7 +495,7 @@ def test_a_runs_rollouts_share_one_cache_shape_and_validation_keeps_its_own(mode
     rollouts of a run share one shape (on CUDA: one graph, compiled once) whatever their longest prompt and token
     budget; a batch of another size (validation) gets a cache of its own, and the two are kept (STATIC_CACHES_KEPT)
     so that alternating between them reuses both; a third shape evicts the least recently used."""
-    from verl.workers.rollout.hf_rollout import STATIC_CACHES_KEPT
+    from verl.workers.rollout.static_decode import STATIC_CACHES_KEPT
 
     config = {"static_decode": True, "prompt_length": 70, "response_length": 10}
     eager = HFRollout(copy.deepcopy(model), TagTokenizer(), config={"static_decode": False})

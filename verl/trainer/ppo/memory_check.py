@@ -3,13 +3,10 @@ what it holds on a rank (`RolloutEngine.memory_claim`), and this is where the es
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from omegaconf import DictConfig
+import functools
 
 from verl.utils import memory
-from verl.utils.memory import EngineClaim, EngineContext, MemoryEstimate, ModelShape
-from verl.utils.run_plan import RunPlan
+from verl.utils.memory import EngineClaim, EngineContext
 from verl.workers.rollout.registry import get_rollout_cls
 
 
@@ -18,30 +15,7 @@ def rollout_memory_claim(ctx: EngineContext) -> EngineClaim:
     return get_rollout_cls(ctx.plan.rollout.engine).memory_claim(ctx)
 
 
-def estimate_ppo_memory(
-    config: DictConfig,
-    plan: RunPlan,
-    shapes: dict[str, ModelShape],
-    capacity: int | None = None,
-    capacity_source: str = "",
-) -> MemoryEstimate:
-    """`verl.utils.memory.estimate_ppo_memory` with the plan's engine's claim."""
-    return memory.estimate_ppo_memory(config, plan, shapes, capacity, capacity_source,
-                                      engine_claim=rollout_memory_claim)
-
-
-def size_micro_batches(config: DictConfig, plan: RunPlan, shapes: dict[str, ModelShape] | None,
-                       capacity: int | None) -> RunPlan:
-    """`verl.utils.memory.size_micro_batches` with the plan's engine's claim."""
-    return memory.size_micro_batches(config, plan, shapes, capacity, engine_claim=rollout_memory_claim)
-
-
-def check_ppo_memory(
-    config: DictConfig,
-    plan: RunPlan,
-    shapes: dict[str, ModelShape] | None = None,
-    *,
-    replan: Callable[[DictConfig], RunPlan],
-) -> tuple[RunPlan, MemoryEstimate | None]:
-    """`verl.utils.memory.check_ppo_memory` with the engine's claim of each plan it estimates."""
-    return memory.check_ppo_memory(config, plan, shapes, replan=replan, engine_claim=rollout_memory_claim)
+# verl.utils.memory's estimate, sizing and check, each with the plan's engine's claim.
+estimate_ppo_memory = functools.partial(memory.estimate_ppo_memory, engine_claim=rollout_memory_claim)
+size_micro_batches = functools.partial(memory.size_micro_batches, engine_claim=rollout_memory_claim)
+check_ppo_memory = functools.partial(memory.check_ppo_memory, engine_claim=rollout_memory_claim)

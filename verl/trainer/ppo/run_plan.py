@@ -34,8 +34,8 @@ from verl.utils.fsdp_utils import COMPUTE_DTYPES
 from verl.utils.lora import lora_settings
 from verl.utils.model_server import served_reward_engine
 from verl.utils.run_plan import LoraPlan, MicroBatches, ModelPlan, RolloutPlan, RunPlan, UpdateBatches
-from verl.workers.rollout.hf_rollout import uses_static_decode
 from verl.workers.rollout.modes import async_agent_beyond_single_turn, generation_mode, uses_agent_loop
+from verl.workers.rollout.static_decode import uses_static_decode
 
 # share_cpu_engine=null shares the HF engine from this many actor parameters on, where decoding is bound by reading
 # the weights (benchmarks/README.md, "Issue 14 (2026-11-25, later)").
@@ -261,7 +261,8 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
                                               actor_parameters),
             static_decode=engine == "hf" and uses_static_decode(rollout.static_decode, device,
                                                                 varying_batches=generation == "agent_loops"),
-            hf_engine_dtype=hf_engine_dtype(rollout, device, actor_compute)),
+            hf_engine_dtype=hf_engine_dtype(rollout, device, actor_compute), seed=rollout.seed,
+            tensor_parallel=rollout.tensor_model_parallel_size),
         old_log_prob_source=old_log_prob_source(config, engine, device),
         update_needs_entropy=build_actor_objective(actor).needs_entropy,
         use_reference_policy=bool(actor.use_kl_loss or algorithm.use_kl_in_reward),

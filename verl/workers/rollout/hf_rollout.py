@@ -16,7 +16,7 @@ from the engine's generator until a row finishes, since the eager loop then draw
 - static (`rollout.static_decode`; by default on CUDA, for plain sampling): a preallocated KV cache for the whole
   batch, finished rows masked on the device and decoded on (their tokens are dropped), the host reading the tokens
   once at the end and whether every row is done once every `STATIC_DONE_CHECK` steps. A decode step runs wholly on
-  the device over buffers kept per batch shape (`_StaticState`): the model's step, the sampling from its logits
+  the device over buffers kept per batch shape (`StaticState`): the model's step, the sampling from its logits
   (with random numbers drawn for every step in one draw before the loop), writing the token and ending the rows it
   finishes. On CUDA it is compiled into one CUDA graph (`torch.compile(mode="reduce-overhead")`) that reads and
   writes only fixed addresses: one launch per token instead of one per kernel, and nothing copied in.
@@ -58,20 +58,21 @@ from verl.workers.rollout.decode_attention import use_grouped_decode_attention
 from verl.workers.rollout.registry import register_rollout
 from verl.workers.rollout.sampling import draw_uniforms, sample_from_probs, scaled_logits, top_k_top_p_filter
 from verl.workers.rollout.served import config_value
+from verl.workers.rollout.static_decode import (
+    EOS,
+    LENGTH,
+    RUNNING,
+    STATIC_CACHES_KEPT,
+    STATIC_DONE_CHECK,
+    STOP_TOKEN,
+    StaticSlot,
+    StaticState,
+    uses_static_decode,
+)
 
-# The static loop asks whether every row is done once every this many steps (a host sync each time).
-STATIC_DONE_CHECK = 16
-# The static loop keeps this many KV caches, one per batch shape: a run's rollouts and its validation each keep theirs
-# (and with it the addresses their CUDA graph was captured with: a new cache means recording the graph again, which
-# torch allows 128 times per graph before it stops using graphs).
-STATIC_CACHES_KEPT = 2
 # The sampling temporaries of one decoding step (float logits, / T, filtered, softmax, log-softmax, entropy) per
 # sequence and vocabulary entry, as the memory estimate counts them.
 SAMPLING_COPIES = 6
-# Why a row of the static loop finished, in _finished's order of precedence.
-_RUNNING, _EOS, _STOP_TOKEN, _LENGTH = 0, 1, 2, 3
-
-
 def diverged_weights() -> FloatingPointError:
     """The error a rollout raises when the model's next-token logits are NaN or inf."""
     return FloatingPointError(
@@ -94,77 +95,6 @@ class _Completion:
     def to_output(self) -> CompletionOutput:
         return CompletionOutput(self.token_ids, self.log_probs, self.entropies, self.finish_reason, self.stop_reason,
                                 self.top_log_probs)
-
-
-@dataclass
-class _StaticState:
-    """The static loop's device buffers for one batch shape `(rows, length)`: kept with its KV cache and reset for
-    each batch, so that they keep the addresses the compiled step was captured with (each is marked static for
-    torch.compile: mutated in place, never copied in)."""
-
-    tokens: torch.Tensor  # (rows, length) long: column t = each row's token of step t
-    log_probs: torch.Tensor  # (rows, length) float32
-    entropies: torch.Tensor  # (rows, length) float32
-    mask: torch.Tensor  # (rows, length) long: the attention mask, prompt and response
-    position_ids: torch.Tensor  # (rows, 1) long: the newest token's position
-    prompt_len: torch.Tensor  # () long: the padded prompt's length (the mask column of step 0's token)
-    step: torch.Tensor  # () long: the newest token's column
-    last: torch.Tensor  # (rows,) long: each row's max_tokens - 1
-    reason: torch.Tensor  # (rows,) long: _RUNNING, or why the row ended
-    end: torch.Tensor  # (rows,) long: the column of the row's last token
-    diverged: torch.Tensor  # () bool: a sampled token's log-prob was NaN
-    uniforms: torch.Tensor  # (length, rows, 1) float32: step t's random numbers at [t] (sampling only)
-    stop_kinds: torch.Tensor | None = None  # (vocab,) long: per token id, the reason it ends a row (_stop_kinds)
-
-    @classmethod
-    def allocate(cls, rows: int, length: int, device: torch.device) -> _StaticState:
-        def new(*shape: int, dtype=torch.long) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        state = cls(new(rows, length), new(rows, length, dtype=torch.float32), new(rows, length, dtype=torch.float32),
-                    new(rows, length), new(rows, 1), new(), new(), new(rows), new(rows), new(rows),
-                    new(dtype=torch.bool), new(length, rows, 1, dtype=torch.float32))
-        state._mark_static()
-        return state
-
-    def start(self, prompt_len: int, position_ids: torch.Tensor, max_tokens: list[int],
-              stop_kinds: torch.Tensor) -> None:
-        """Reset for a batch whose prompts were just prefilled: `position_ids` `(rows, 1)` = their last positions."""
-        self.prompt_len.fill_(prompt_len)
-        self.position_ids.copy_(position_ids)
-        self.step.zero_()
-        self.last.copy_(torch.tensor(max_tokens, dtype=torch.long) - 1)
-        self.reason.fill_(_RUNNING)
-        self.end.fill_(max(max_tokens) - 1)
-        self.diverged.fill_(False)
-        if self.stop_kinds is None or self.stop_kinds.shape != stop_kinds.shape:
-            self.stop_kinds = torch.empty_like(stop_kinds)
-            self._mark_static()
-        self.stop_kinds.copy_(stop_kinds)
-
-    def _mark_static(self) -> None:
-        for tensor in vars(self).values():
-            if tensor is not None:
-                torch._dynamo.mark_static_address(tensor)
-
-
-@dataclass
-class _StaticSlot:
-    """What the static loop keeps per batch shape: the KV cache (transformers' StaticCache) and the loop's state."""
-
-    cache: object
-    state: _StaticState
-
-
-def uses_static_decode(static_decode: bool | None, device_type: str, varying_batches: bool = False) -> bool:
-    """Whether the HF engine decodes with the static loop: `rollout.static_decode`, where null means on CUDA only,
-    and not for `varying_batches` (verl's async agent loops hand the engine whatever requests are pending, so nearly
-    every call would have a new shape, and each new shape compiles its graph again). The run plan decides it
-    (`RunPlan.rollout.static_decode`, which the memory estimate reads) and the workers hand the engine its answer; an
-    engine built on its own asks this with its device."""
-    if static_decode is None:
-        return device_type == "cuda" and not varying_batches
-    return bool(static_decode)
 
 
 @register_rollout("hf")
@@ -207,7 +137,7 @@ class HFRollout(RolloutEngine):
         self.weights_resident = self.static_decode and self.device.type == "cuda"
         # (rows, length) -> the KV cache and loop state kept for reuse, the most recently used last; at most
         # STATIC_CACHES_KEPT.
-        self._static_caches: dict[tuple[int, int], _StaticSlot] = {}
+        self._static_caches: dict[tuple[int, int], StaticSlot] = {}
         # The static loop's cache spans at least these (rollout.prompt_length / response_length), so that a run's
         # rollouts share one shape, hence one compiled graph, whatever their longest prompt.
         self._prompt_length = int(config_value(config, "prompt_length", default=None) or 0)
@@ -341,7 +271,7 @@ class HFRollout(RolloutEngine):
     ) -> list[CompletionOutput]:
         """The static loop (module docstring): the same completions as the eager loop for requests without stop
         strings or top log-probs. Row i's tokens, log-probs and entropies are columns [0, end_i] of the slot's device
-        buffers (`_StaticState`); `reason` says why it ended (EOS, a stop token id, max_tokens)."""
+        buffers (`StaticState`); `reason` says why it ended (EOS, a stop token id, max_tokens)."""
         rows, steps = len(requests), max(max_tokens)
         longest = max(self._prompt_length, *(len(r) for r in requests))
         prompt_len = -(-longest // STATIC_PROMPT_BUCKET) * STATIC_PROMPT_BUCKET
@@ -372,7 +302,7 @@ class HFRollout(RolloutEngine):
         self._record(state, tokens, log_probs, entropies)
         for t in range(1, steps):
             if t % STATIC_DONE_CHECK == 0:
-                done, nan = torch.stack([(state.reason != _RUNNING).all(), state.diverged]).tolist()
+                done, nan = torch.stack([(state.reason != RUNNING).all(), state.diverged]).tolist()
                 if nan:
                     raise diverged_weights()
                 if done:
@@ -389,15 +319,15 @@ class HFRollout(RolloutEngine):
         for i in range(rows):
             n = end_host[i] + 1
             token_ids = tokens_host[i, :n].tolist()
-            finish, stop = ("length", None) if reason_host[i] == _LENGTH else ("stop", None)
-            if reason_host[i] == _STOP_TOKEN:
+            finish, stop = ("length", None) if reason_host[i] == LENGTH else ("stop", None)
+            if reason_host[i] == STOP_TOKEN:
                 stop = token_ids[-1]
             completions.append(CompletionOutput(token_ids, log_probs_host[i, :n].astype(np.float64).tolist(),
                                                 entropies_host[i, :n].astype(np.float64).tolist(), finish, stop,
                                                 None))
         return completions
 
-    def _static_slot(self, rows: int, length: int) -> _StaticSlot:
+    def _static_slot(self, rows: int, length: int) -> StaticSlot:
         """The kept KV cache and loop state of this batch shape (reset for a new batch), or new ones; the least
         recently used shape goes past STATIC_CACHES_KEPT."""
         from transformers import StaticCache
@@ -406,24 +336,24 @@ class HFRollout(RolloutEngine):
         if slot is None:
             while len(self._static_caches) >= STATIC_CACHES_KEPT:
                 del self._static_caches[next(iter(self._static_caches))]
-            slot = _StaticSlot(StaticCache(config=self.module.config, max_cache_len=length),
-                               _StaticState.allocate(rows, length, self.device))
+            slot = StaticSlot(StaticCache(config=self.module.config, max_cache_len=length),
+                               StaticState.allocate(rows, length, self.device))
         else:
             slot.cache.reset()
         self._static_caches[(rows, length)] = slot
         return slot
 
     def _stop_kinds(self, params: SamplingParams, vocab: int) -> torch.Tensor:
-        """`(vocab,)` long: per token id, _EOS for the end-of-sequence ids, else _STOP_TOKEN for `stop_token_ids`,
-        else _RUNNING (ids outside the model's vocabulary cannot be sampled and are left out)."""
-        kinds = torch.full((vocab,), _RUNNING, dtype=torch.long)
-        for ids, kind in ((params.stop_token_ids or (), _STOP_TOKEN), (self.eos_token_ids, _EOS)):
+        """`(vocab,)` long: per token id, EOS for the end-of-sequence ids, else STOP_TOKEN for `stop_token_ids`,
+        else RUNNING (ids outside the model's vocabulary cannot be sampled and are left out)."""
+        kinds = torch.full((vocab,), RUNNING, dtype=torch.long)
+        for ids, kind in ((params.stop_token_ids or (), STOP_TOKEN), (self.eos_token_ids, EOS)):
             ids = [i for i in ids if 0 <= i < vocab]
             kinds[ids] = kind
         return kinds.to(self.device)
 
     @staticmethod
-    def _record(state: _StaticState, tokens: torch.Tensor, log_probs: torch.Tensor, entropies: torch.Tensor) -> None:
+    def _record(state: StaticState, tokens: torch.Tensor, log_probs: torch.Tensor, entropies: torch.Tensor) -> None:
         """Write a step's sampled tokens, log-probs and entropies `(rows,)` at column `state.step`, and end the rows
         they finish: by EOS, else a stop token id, else their max_tokens (a row's first reason is kept)."""
         column = state.step.view(1)
@@ -432,12 +362,12 @@ class HFRollout(RolloutEngine):
         state.entropies.index_copy_(1, column, entropies[:, None].float())
         state.diverged.logical_or_(log_probs.isnan().any())
         kind = state.stop_kinds[tokens]
-        why = torch.where(kind != _RUNNING, kind, torch.where(state.last <= state.step, _LENGTH, _RUNNING))
-        ends_now = (state.reason == _RUNNING) & (why != _RUNNING)
+        why = torch.where(kind != RUNNING, kind, torch.where(state.last <= state.step, LENGTH, RUNNING))
+        ends_now = (state.reason == RUNNING) & (why != RUNNING)
         state.end.copy_(torch.where(ends_now, state.step, state.end))
         state.reason.copy_(torch.where(ends_now, why, state.reason))
 
-    def _decode_and_sample(self, state: _StaticState, cache, greedy: bool, temperature: float, top_k: int,
+    def _decode_and_sample(self, state: StaticState, cache, greedy: bool, temperature: float, top_k: int,
                            top_p: float) -> None:
         """The static loop's step, all on the device: the newest tokens through the model (attending to the cache
         under the mask, their column now set), the next token of each row picked from the logits (`_pick`, with the

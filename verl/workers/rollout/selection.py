@@ -12,9 +12,9 @@ from verl.workers.rollout.modes import uses_agent_loop
 from verl.workers.rollout.registry import ENGINES_NOT_BUILT, is_registered
 from verl.workers.rollout.served import config_value
 
-# rollout.name=auto on CPU takes vLLM's CPU build, where it is installed, from this many actor parameters on: at the
-# Qwen2.5-0.5B shape on 2 cores it decoded a GRPO step's 8 x 64 tokens in 8.1 s against the HF engine's 20.0 (the
-# step: 37.3 s against 43.6); a small model decodes faster in the HF engine, vLLM's per-step overhead dominating.
+# rollout.name=auto on CPU takes vLLM's CPU build, where it is installed, from this many actor parameters on: a large
+# model decodes faster in vLLM, a small one in the HF engine, vLLM's per-step overhead dominating (the figures:
+# benchmarks/README.md, "Measurements behind code choices").
 VLLM_CPU_MIN_PARAMETERS = 50_000_000
 
 
