@@ -21,11 +21,12 @@ from verl.utils.run_plan import RunPlan
 MEMORY_CHECKS = ("refuse", "warn", "off")
 
 
-def remedies(plan: RunPlan) -> list[tuple[str, str]]:
+def remedies(plan: RunPlan, engine_levers: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, str]]:
     """The keys that shrink the run, in the order they are suggested: (key, kind); "size" keys are searched for the
     largest value that fits, "flag" keys tried switched on, "bf16" keys (a model_dtype) tried at bf16, "sp" keys
     (a Ulysses group size) searched for the smallest that fits, "down" keys (floats) searched for the largest value
-    that fits. A micro-batch the estimate sized is left out: it is already the largest that fits, or 1."""
+    that fits. A micro-batch the estimate sized is left out: it is already the largest that fits, or 1.
+    `engine_levers`: the rollout engine's own (its memory claim's `levers`)."""
     sized = dict(plan.sized_by_memory)
     keys = []
     for micro, _ in planned_passes(plan).values():
@@ -40,17 +41,8 @@ def remedies(plan: RunPlan) -> list[tuple[str, str]]:
     keys.append(("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "flag"))
     if plan.use_reference_policy:
         keys.append(("actor_rollout_ref.ref.fsdp_config.model_dtype", "bf16"))
-    if plan.rollout.engine == "hf":
-        keys += [
-            ("actor_rollout_ref.rollout.free_cache_engine", "flag"),
-            ("actor_rollout_ref.rollout.micro_batch_size", "size"),
-        ]
+    keys += engine_levers
     if plan.device == "cuda":
-        if plan.rollout.engine in ("vllm", "sglang"):
-            keys += [
-                ("actor_rollout_ref.rollout.free_cache_engine", "flag"),
-                ("actor_rollout_ref.rollout.gpu_memory_utilization", "down"),
-            ]
         keys += [
             ("actor_rollout_ref.model.enable_activation_offload", "flag"),
             ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", "flag"),
@@ -67,12 +59,13 @@ def remedies(plan: RunPlan) -> list[tuple[str, str]]:
     return keys
 
 
-def suggest_fixes(config: DictConfig, plan: RunPlan, estimate_with, capacity: int, current_peak: int) -> list[str]:
+def suggest_fixes(config: DictConfig, plan: RunPlan, estimate_with, capacity: int, current_peak: int,
+                  engine_levers: tuple[tuple[str, str], ...] = ()) -> list[str]:
     """Single-key changes, each re-estimated (`estimate_with(changed_config)` -> MemoryEstimate, the changed config
     planned and its unset micro-batches sized as the run would): the largest value of a size key (or the switch)
     that fits, else what it saves."""
     fixes = []
-    for key, kind in remedies(plan):
+    for key, kind in remedies(plan, engine_levers):
         value = OmegaConf.select(config, key)
         if kind in ("flag", "bf16"):
             wanted = True if kind == "flag" else "bf16"
@@ -192,7 +185,8 @@ def check_ppo_memory(
             "room is left for what the estimate leaves out (the allocator's caches, fragmentation)"
         )
         return plan, estimate
-    message = _refusal(plan, estimate, source, suggest_fixes(config, plan, replanned, capacity, estimate.peak))
+    message = _refusal(plan, estimate, source, suggest_fixes(config, plan, replanned, capacity, estimate.peak,
+                                                                  estimate.engine_levers))
     if mode == "warn":
         print(f"[memory] warning: {message}")
         return plan, estimate

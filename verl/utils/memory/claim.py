@@ -39,6 +39,9 @@ class EngineClaim:
     resident: Mapping[str, int] = dataclasses.field(default_factory=dict)
     generate: Mapping[str, int] = dataclasses.field(default_factory=dict)
     process_bytes: int = 0
+    # The config keys that shrink this claim, as a refusal's fixes try them: (key, kind), kind as in
+    # memory.check.remedies ("flag", "size", "down", ...).
+    levers: tuple[tuple[str, str], ...] = ()
 
 
 EngineClaimFn = Callable[[EngineContext], EngineClaim]
@@ -49,4 +52,8 @@ def gpu_share_claim(ctx: EngineContext, name: str) -> EngineClaim:
     """An engine that takes rollout.gpu_memory_utilization of the GPU (vLLM; SGLang as mem_fraction_static) while it
     generates, or all step without free_cache_engine."""
     share = {f"{name} (gpu_memory_utilization)": int(ctx.rollout.gpu_memory_utilization * ctx.capacity)}
-    return EngineClaim(generate=share) if ctx.rollout.free_cache_engine else EngineClaim(resident=share)
+    levers = (("actor_rollout_ref.rollout.free_cache_engine", "flag"),
+              ("actor_rollout_ref.rollout.gpu_memory_utilization", "down"))
+    if ctx.rollout.free_cache_engine:
+        return EngineClaim(generate=share, levers=levers)
+    return EngineClaim(resident=share, levers=levers)

@@ -66,7 +66,7 @@ from verl.utils.fsdp_utils import (
     reshards_after_forward,
 )
 from verl.utils.fused_logprobs import CHUNK_TOKENS
-from verl.utils.memory.claim import EngineClaimFn, EngineContext
+from verl.utils.memory.claim import EngineClaim, EngineClaimFn, EngineContext
 from verl.utils.memory.passes import generate_rows, micro_batch_sequences, planned_passes, sequence_length
 from verl.utils.memory.shapes import ModelShape
 from verl.utils.memory.units import DTYPE_BYTES, FLOAT32_BYTES, gib
@@ -100,6 +100,7 @@ class MemoryEstimate:
     capacity: int | None
     capacity_source: str
     device: str
+    engine_levers: tuple[tuple[str, str], ...] = ()  # the rollout engine's (EngineClaim.levers)
 
     def total(self, phase: str) -> int:
         return sum(self.phases[phase].values())
@@ -340,9 +341,9 @@ def _resident(step: _Step, capacity: int | None) -> dict[str, int]:
 
 
 def _generate(step: _Step, resident: dict[str, int], engine_claim: EngineClaimFn,
-              capacity: int | None) -> tuple[dict[str, int], dict[str, int]]:
+              capacity: int | None) -> tuple[dict[str, int], dict[str, int], EngineClaim]:
     """The rollout engine's claim: (what the rank holds all step with the engine's resident parts, the generate
-    phase with its parts for generating too)."""
+    phase with its parts for generating too, the claim)."""
     data = step.config.data
     claim = engine_claim(EngineContext(
         rollout=step.config.actor_rollout_ref.rollout, plan=step.plan, actor=step.shapes["actor"],
@@ -350,7 +351,7 @@ def _generate(step: _Step, resident: dict[str, int], engine_claim: EngineClaimFn
         prompt_length=data.max_prompt_length, response_length=data.max_response_length,
     ))
     resident = {**resident, "processes": resident["processes"] + claim.process_bytes, **claim.resident}
-    return resident, {**resident, **claim.generate}
+    return resident, {**resident, **claim.generate}, claim
 
 
 def _old_log_prob(step: _Step, resident: dict[str, int]) -> dict[str, int]:
@@ -420,7 +421,7 @@ def estimate_ppo_memory(
     "reward_model" when the run has them (`ppo_model_shapes`). `engine_claim(EngineContext)`: what the plan's rollout
     engine holds (its class's `memory_claim`; verl/trainer/ppo/memory_check.py looks it up)."""
     step = _Step(config, plan, shapes, planned_passes(plan))
-    resident, generate = _generate(step, _resident(step, capacity), engine_claim, capacity)
+    resident, generate, claim = _generate(step, _resident(step, capacity), engine_claim, capacity)
     phases = {Phase.GENERATE.memory: generate}
     if "actor_log_prob" in step.passes:
         phases[Phase.OLD_LOG_PROB.memory] = _old_log_prob(step, resident)
@@ -431,4 +432,4 @@ def estimate_ppo_memory(
         phases[Phase.UPDATE_CRITIC.memory] = _update_critic(step, resident)
     phases[Phase.UPDATE_ACTOR.memory] = _update_actor(step, resident)
     phases[Phase.OPTIMIZER_STEP.memory] = _optimizer_step(step, resident)
-    return MemoryEstimate(phases, capacity, capacity_source, plan.device)
+    return MemoryEstimate(phases, capacity, capacity_source, plan.device, claim.levers)

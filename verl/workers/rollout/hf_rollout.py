@@ -553,4 +553,6 @@ class HFRollout(RolloutEngine):
                         "decode graph pool": sampling}
         elif not ctx.rollout.free_cache_engine:
             resident["hf engine weights"] = generate.pop("hf engine weights")
-        return EngineClaim(resident=resident, generate=generate)
+        return EngineClaim(resident=resident, generate=generate, levers=(
+            ("actor_rollout_ref.rollout.free_cache_engine", "flag"),
+            ("actor_rollout_ref.rollout.micro_batch_size", "size")))
