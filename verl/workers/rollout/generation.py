@@ -4,14 +4,14 @@
     output = generator.generate(prompts, params, n, validate)   # n rows per prompt, adjacent; rollout batch keys
 
 - `PlainSampling` (mode `plain`, rollout.mode=sync): the engine samples n completions of every prompt
-  (`base.generate_sequences`).
+  (`layout.generate_sequences`).
 - `ToolRounds` (mode `tool_rounds`, rollout.mode=sync_with_tool): the seeds' round-based tool loop with ARPO's and
   AEPO's branching (`tool_rounds.ToolRoundLoop`); a prompt's n trajectories are made together.
 - `AgentLoops` (mode `agent_loops`, rollout.mode=async): verl's per-sample agent loops (`agent_loops.AgentLoopManager`),
   each prompt's n loops independent, or branching from one another with ARPO's beam.
 
 `validate` samples without branching (validation and offline evaluation). Which way a run generates is decided once,
-by `generation_mode` (the run plan's `agent_loop` / `async_agent`, or offline generation's rollout config); the
+by `modes.generation_mode` (the run plan's `rollout.generation`, or offline generation's rollout config); the
 worker and `main_generation` build their generator with `build_generator`. A new way of generating is one class here
 and one line in `build_generator`.
 """
