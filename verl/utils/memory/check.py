@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.utils.config import ConfigError
 from verl.utils.memory.claim import EngineClaimFn
 from verl.utils.memory.estimate import MemoryEstimate, estimate_ppo_memory
-from verl.utils.memory.passes import PASS_PHASES, generate_rows, planned_passes
+from verl.utils.memory.passes import PASSES, generate_rows, planned_passes
 from verl.utils.memory.shapes import ModelShape, ppo_model_shapes
 from verl.utils.memory.sizing import WARN_SHARE, capped_sizes, device_capacity, size_micro_batches
 from verl.utils.memory.units import GIB, gib
@@ -196,7 +196,7 @@ def check_ppo_memory(
 def _refusal(plan: RunPlan, estimate: MemoryEstimate, source: str, fixes: list[str]) -> str:
     """Why the run does not fit, and the single changes that would make it."""
     # The peak phase's micro-batch, when the sizing already took it down to one sequence.
-    phase_keys = {micro.key: PASS_PHASES[field].memory for field, (micro, _) in planned_passes(plan).items()}
+    phase_keys = {micro.key: PASSES[field][2].memory for field, (micro, _) in planned_passes(plan).items()}
     at_one = next(
         (key for key, n in plan.sized_by_memory if n == 1 and phase_keys.get(key) == estimate.peak_phase), None
     )

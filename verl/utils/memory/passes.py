@@ -10,20 +10,14 @@ from omegaconf import DictConfig
 from verl.utils.phases import Phase
 from verl.utils.run_plan import MicroBatches, RunPlan
 
-# The plan's micro-batched passes, each a (model role, pass) of the RunPlan, and the phase of the estimate it sizes.
-PASS_PHASES = {
-    "actor_update": Phase.UPDATE_ACTOR,
-    "actor_log_prob": Phase.OLD_LOG_PROB,
-    "ref_log_prob": Phase.REF,
-    "critic_update": Phase.UPDATE_CRITIC,
-    "critic_forward": Phase.VALUES,
-}
-PASS_FIELDS = {
-    "actor_update": ("actor", "update"),
-    "actor_log_prob": ("actor", "forward"),
-    "ref_log_prob": ("ref", "forward"),
-    "critic_update": ("critic", "update"),
-    "critic_forward": ("critic", "forward"),
+# The plan's micro-batched passes: name -> (model role of the RunPlan, its update or its no-grad forward, the phase
+# of the estimate it sizes).
+PASSES = {
+    "actor_update": ("actor", "update", Phase.UPDATE_ACTOR),
+    "actor_log_prob": ("actor", "forward", Phase.OLD_LOG_PROB),
+    "ref_log_prob": ("ref", "forward", Phase.REF),
+    "critic_update": ("critic", "update", Phase.UPDATE_CRITIC),
+    "critic_forward": ("critic", "forward", Phase.VALUES),
 }
 
 
@@ -41,7 +35,7 @@ def planned_passes(plan: RunPlan) -> dict[str, tuple[MicroBatches, int]]:
     for name, on in runs.items():
         if not on:
             continue
-        role, kind = PASS_FIELDS[name]
+        role, kind, _ = PASSES[name]
         model = getattr(plan, role)
         if kind == "update":
             passes[name] = (model.update.micro, model.update.mini_batch)
@@ -52,7 +46,7 @@ def planned_passes(plan: RunPlan) -> dict[str, tuple[MicroBatches, int]]:
 
 def with_micro(plan: RunPlan, name: str, micro: MicroBatches) -> RunPlan:
     """The plan with one pass's micro-batches replaced."""
-    role, kind = PASS_FIELDS[name]
+    role, kind, _ = PASSES[name]
     model = getattr(plan, role)
     if kind == "update":
         model = dataclasses.replace(model, update=dataclasses.replace(model.update, micro=micro))

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from verl.utils.memory.claim import EngineClaimFn
 from verl.utils.memory.estimate import estimate_ppo_memory
-from verl.utils.memory.passes import PASS_PHASES, planned_passes, sequence_length, with_micro
+from verl.utils.memory.passes import PASSES, planned_passes, sequence_length, with_micro
 from verl.utils.memory.shapes import ModelShape
 from verl.utils.run_plan import MicroBatches, RunPlan
 
@@ -61,7 +61,7 @@ def size_micro_batches(
             if not by_memory:
                 break
             estimate = estimate_ppo_memory(config, candidate, shapes, capacity, engine_claim=engine_claim)
-            if estimate.total(PASS_PHASES[field].memory) <= WARN_SHARE * capacity:
+            if estimate.total(PASSES[field][2].memory) <= WARN_SHARE * capacity:
                 break
         plan = candidate  # the last one tried: the one that fits, else 1
         sized.append((micro.key, size))
