@@ -75,20 +75,25 @@ def test_resume_gives_the_same_metrics(ray_session, tiny_model_dir, arithmetic_d
     assert expected and {k: v for k, v in validated.items() if k in expected} == pytest.approx(expected, rel=1e-6)
 
 
+def _main_ppo_args(tmp_path, *overrides) -> list[str]:
+    return ["trainer.val_before_train=false", "data.max_response_length=8", "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "ray_kwargs.ray_init.num_cpus=2",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}", "trainer.save_freq=1", *overrides]
+
+
 def _main_ppo(tmp_path, *overrides):
     env = dict(os.environ, QUIVER_CACHE=str(tmp_path / "cache"), RAY_ADDRESS="")
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "trainer.val_before_train=false",
-           "data.max_response_length=8", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-           "ray_kwargs.ray_init.num_cpus=2", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
-           f"trainer.default_local_dir={tmp_path / 'ckpt'}", "trainer.save_freq=1", *overrides]
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *_main_ppo_args(tmp_path, *overrides)]
     return subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
 
-def test_sigkill_during_save_then_auto_resume(tmp_path):
+def test_sigkill_during_save_then_auto_resume(ray_session, tmp_path, monkeypatch, capsys):
     """`python -m verl.trainer.main_ppo` given no model or data (it builds both, then trains and saves every step),
-    killed with its Ray workers in the middle of saving step 3; relaunched, it resumes from step 2 and prints the
-    metrics of steps 3 and 4. This is also the end-to-end test of the CLI itself."""
+    killed with its Ray workers in the middle of saving step 3; relaunched (through the same `main`, in this process
+    and its Ray session), it resumes from step 2 and prints the metrics of steps 3 and 4. The killed launch is also
+    the end-to-end test of the CLI itself."""
     ckpt = tmp_path / "ckpt"
     proc = _main_ppo(tmp_path, "trainer.total_training_steps=5")
     deadline = time.time() + 300
@@ -105,9 +110,12 @@ def test_sigkill_during_save_then_auto_resume(tmp_path):
     assert (ckpt / LATEST_FILE).read_text() == "2"
     assert not (ckpt / "global_step_3").exists()
 
-    resumed = _main_ppo(tmp_path, "trainer.total_training_steps=4")
-    output = resumed.communicate(timeout=600)[0]
-    assert resumed.returncode == 0, output[-3000:]
+    monkeypatch.setenv("QUIVER_CACHE", str(tmp_path / "cache"))  # the demo model and data the killed run built
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main_ppo.main(_main_ppo_args(tmp_path, "trainer.total_training_steps=4")) == 0
+    output = capsys.readouterr().out
+    assert "[quiver] building the tiny demo model" not in output
     assert f"resuming from {ckpt / 'global_step_2'}" in output
     lines = [line for line in output.splitlines() if line.startswith("step:")]
     assert [line.split(" ")[0] for line in lines] == ["step:3", "step:4"]
