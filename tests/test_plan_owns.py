@@ -29,7 +29,7 @@ PLAN_KEYS = frozenset({
 # with its own config and no PPO plan, and the HF engine built on its own (tests, offline generation: no plan), which
 # reads its config's static_decode only when the caller passes no decision (a run's workers pass the plan's).
 READERS = {
-    "trainer/ppo/run_plan.py", "trainer/ppo/topology.py", "trainer/ppo/config_rules.py", "utils/run_plan.py",
+    "trainer/ppo/run_plan.py", "trainer/ppo/topology.py", "trainer/ppo/async_plan.py", "trainer/ppo/config_rules.py", "utils/run_plan.py",
     "trainer/config/schema.py", "trainer/config/sft.py", "trainer/config/algorithm.py", "trainer/fsdp_sft_trainer.py",
     "workers/config/actor.py", "workers/config/rollout.py", "workers/config/critic.py",
     "utils/preflight.py", "utils/lora.py", "workers/rollout/hf_rollout.py",

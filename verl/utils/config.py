@@ -64,7 +64,6 @@ VERL_KEY_REASONS: tuple[tuple[str, str], ...] = (
     ("profiler", "Quiver has no profiler hooks (nsys, npu, torch memory); profile a run with py-spy or torch.profiler"),
     ("distillation.", "on-policy distillation from teacher models is not built in Quiver"),
     ("transfer_queue.", "Quiver's driver hands batches to the workers directly (no transfer queue)"),
-    ("trainer.v1", "verl's experimental v1 trainer settings; Quiver has one trainer"),
     ("skip.", "rollouts are always generated (no dumped-rollout replay)"),
     ("model_engine", "Quiver's workers are FSDP2 workers (no engine choice)"),
     ("reward_model.rollout.", "the served reward model runs vLLM's server with reward_model.rollout.{name, "

@@ -123,6 +123,45 @@ class RolloutPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class AsyncPlan:
+    """How rollout and training overlap (verl's `trainer.v1.*`, or its fully-async recipe's `async_training.*`;
+    verl/trainer/ppo/async_plan.py makes it).
+
+    mode: sync | colocate_async (generation of the next batches on the training ranks, beside the update) |
+        separate_async (rollout ranks apart from the training ranks).
+    max_staleness: the most policy versions (actor updates) between the weights that sampled a trajectory's first
+        token and the update that trains on it; 0 is the synchronous trainer.
+    strategy: drop (a group over the bound is dropped and its prompts' place refilled from the data) | wait.
+    warmup_batches: generation batches sampled ahead of the update (never more than max_staleness).
+    parameter_sync_step: mini-batch updates between two weight pushes to separate rollout ranks.
+    partial_rollout: in-flight requests are interrupted at a push and continued on the new weights.
+    decoupled: the update is decoupled PPO (AReaL): the PPO ratio against the weights before the update (recomputed
+        old log-probs, the proximal policy) and a truncated importance weight proximal / behaviour (the engine's
+        log-probs), i.e. rollout_correction's token TIS, added where the config asks for no correction of its own.
+    keys: the config section that set the mode, for messages.
+    """
+
+    mode: str = "sync"
+    max_staleness: int = 0
+    strategy: str = "drop"
+    warmup_batches: int = 0
+    parameter_sync_step: int = 1
+    partial_rollout: bool = False
+    decoupled: bool = False
+    keys: str = "trainer.v1.trainer_mode"
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether generation runs ahead of the update (an async mode with a staleness bound above 0)."""
+        return self.mode != "sync" and self.max_staleness > 0
+
+    @property
+    def ahead(self) -> int:
+        """Generation batches launched before the update that precedes their training."""
+        return min(max(self.warmup_batches, 1), self.max_staleness) if self.overlaps else 0
+
+
+@dataclasses.dataclass(frozen=True)
 class RunPlan:
     """The derived facts of one PPO run (see the module docstring): its topology, one group per model role, the
     rollout, and the step's passes. Frozen: `dataclasses.replace` makes a changed copy, as the memory sizing does
@@ -155,6 +194,8 @@ class RunPlan:
     # Optimizer steps of the run (the lr schedule's length): trainer.total_training_steps, or total_epochs x the
     # batches of the training data; set once the data is loaded (`with_training_steps`), before any worker starts.
     total_training_steps: int | None = None
+    # Rollout and training overlapping, with their staleness bound (AsyncPlan; the synchronous trainer by default).
+    async_rl: AsyncPlan = AsyncPlan()
 
     def with_training_steps(self, steps: int) -> RunPlan:
         """This plan with the run's length, known once the training data is loaded."""

@@ -68,6 +68,9 @@ class ActorRolloutRefWorker(Worker):
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
+        # Rollout beside the update (plan.async_rl): the driver pushes the weights when no generation is in flight
+        # (push_rollout_weights), not the update; the engine keeps its memory between generations.
+        self._defer_push = plan.async_rl.overlaps
         start_rank(self, device, seed)
 
     # ------------------------------------------------------------------------------------------------- models
@@ -202,8 +205,13 @@ class ActorRolloutRefWorker(Worker):
         self._ensure_rollout_weights()
         self.rollout.wake_up()
         output = self.rollout.run_in_tp_group(prompts, self._generate_for_group)
-        if self.config.rollout.free_cache_engine:
+        if self.config.rollout.free_cache_engine and not self._defer_push:
             self.rollout.sleep()
+        # The policy version of every sampled token (the driver's count of weight pushes; -1 off the mask): one
+        # span per trajectory here.
+        mask = output.batch["response_mask"]
+        version = int(prompts.meta_info.get("policy_version", 0))
+        output.batch["response_policy_versions"] = torch.where(mask.bool(), version, -1).to(torch.int32)
         seconds = elapsed(start, self.device)
         tokens = int(output.batch["response_mask"].sum())
         metrics = output.meta_info.setdefault("metrics", {})
@@ -255,9 +263,15 @@ class ActorRolloutRefWorker(Worker):
         metrics["perf/update_actor_seconds"] = [elapsed(start, self.device)]
         metrics["actor/lr"] = [self.actor_lr_scheduler.get_last_lr()[0]]
         self.actor_lr_scheduler.step()
-        if self._is_rollout:
+        if self._is_rollout and not self._defer_push:
             metrics["perf/weight_sync_seconds"] = [self._sync_rollout_weights()]
         return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def push_rollout_weights(self) -> float:
+        """Push the actor's weights into the rollout engine now (an overlapping run's sync point: the driver calls
+        it when no generation is in flight); the seconds it took."""
+        return self._sync_rollout_weights()
 
     # ------------------------------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -274,9 +274,10 @@ def stub_trainer(tmp_path, **overrides):
 
     cfg = config(**{"algorithm.filter_mode": "ema_std", "algorithm.use_kl_in_reward": False,
                     "trainer.default_local_dir": str(tmp_path), "trainer.resume_mode": "auto",
-                    "trainer.max_actor_ckpt_to_keep": None, **overrides})
+                    "trainer.max_actor_ckpt_to_keep": None, "trainer.critic_warmup": 0, **overrides})
     trainer = RayPPOTrainer.__new__(RayPPOTrainer)
     trainer.config, trainer.global_steps, trainer.epoch = cfg, 1, 0
+    trainer.actor_version, trainer._stream = 1, None
     trainer.use_critic = False
     trainer.actor_rollout_wg = StubWorkers()
     trainer.train_dataloader = StubLoader()

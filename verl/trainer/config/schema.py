@@ -20,6 +20,8 @@ from verl.workers.config.rollout import PPORolloutConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 RESUME_MODES = ("auto", "disable", "resume_path")
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")
+OFF_POLICY_STRATEGIES = ("drop", "wait")
 
 
 def data_files(value: Any) -> list[str]:
@@ -228,6 +230,80 @@ class CustomRewardFunctionConfig(Section):
              f"{self.__config_prefix__}.path={self.path}: file not found", problems)
 
 
+@config_section("trainer.v1.sampler.custom_sampler")
+class CustomSamplerConfig(Section):
+    path: str | None
+    name: str | None
+
+
+@config_section("trainer.v1.sampler")
+class V1SamplerConfig(Section):
+    max_off_policy_threshold: int  # policy versions a trajectory may be behind the update that trains on it
+    max_off_policy_strategy: str  # drop | wait
+    sync_refill_failed_groups: bool
+    custom_sampler: CustomSamplerConfig
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        need(self.max_off_policy_threshold >= 0, f"{p}.max_off_policy_threshold={self.max_off_policy_threshold} must "
+             "be >= 0 (policy versions; 0: on-policy)", problems)
+        need(self.max_off_policy_strategy in OFF_POLICY_STRATEGIES, f"{p}.max_off_policy_strategy="
+             f"{self.max_off_policy_strategy!r} must be one of {', '.join(OFF_POLICY_STRATEGIES)}", problems)
+
+
+@config_section("trainer.v1.colocate_async")
+class ColocateAsyncConfig(Section):
+    num_warmup_batches: int
+
+    def check(self, problems: list[str]) -> None:
+        need(self.num_warmup_batches >= 0, f"{self.__config_prefix__}.num_warmup_batches={self.num_warmup_batches} "
+             "must be >= 0", problems)
+
+
+@config_section("trainer.v1.separate_async")
+class SeparateAsyncConfig(Section):
+    num_warmup_batches: int
+    parameter_sync_step: int
+    hybrid_rollout: dict[str, Any]  # verl's lending of idle training ranks to rollout (not available here)
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        need(self.num_warmup_batches >= 0, f"{p}.num_warmup_batches={self.num_warmup_batches} must be >= 0", problems)
+        need(self.parameter_sync_step >= 1, f"{p}.parameter_sync_step={self.parameter_sync_step} must be >= 1",
+             problems)
+
+
+@config_section("trainer.v1")
+class TrainerV1Config(Section):
+    trainer_mode: str  # sync | colocate_async | separate_async
+    sampler: V1SamplerConfig
+    colocate_async: ColocateAsyncConfig
+    separate_async: SeparateAsyncConfig
+
+    def check(self, problems: list[str]) -> None:
+        need(self.trainer_mode in TRAINER_MODES, f"{self.__config_prefix__}.trainer_mode={self.trainer_mode!r} must be "
+             f"one of {', '.join(TRAINER_MODES)}", problems)
+
+
+@config_section("async_training")
+class AsyncTrainingConfig(Section):
+    """verl's fully-async recipe (its async_training section), mapped onto trainer.v1 (verl/trainer/ppo/async_plan.py)."""
+
+    staleness_threshold: float | None  # null: not a fully-async run
+    trigger_parameter_sync_step: int
+    require_batches: int
+    partial_rollout: bool
+    use_trainer_do_validate: bool
+    use_dynamic_resource_scheduling: bool
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        need(self.staleness_threshold is None or self.staleness_threshold >= 0, f"{p}.staleness_threshold="
+             f"{self.staleness_threshold} must be >= 0 (null: not a fully-async run)", problems)
+        for key in ("trigger_parameter_sync_step", "require_batches"):
+            need(getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be >= 1", problems)
+
+
 @config_section("trainer")
 class TrainerConfig(Section):
     device: str
@@ -263,6 +339,8 @@ class TrainerConfig(Section):
     memory_check: str  # refuse | warn | off: the per-rank memory estimate against the capacity, before Ray starts
     memory_per_rank_gb: float | None  # null: the device's (GPU memory, or available RAM / ranks on the node)
     plugins: list[str]  # the user's modules, imported before the config check (like model.external_lib)
+    use_v1: bool  # verl's v1 trainer; both values run Quiver's trainer
+    v1: TrainerV1Config
 
     def check(self, problems: list[str]) -> None:
         p = self.__config_prefix__
@@ -317,4 +395,5 @@ class PPOTrainerConfig(Section):
     custom_reward_function: CustomRewardFunctionConfig
     algorithm: AlgoConfig
     trainer: TrainerConfig
+    async_training: AsyncTrainingConfig
     ray_kwargs: RayKwargsConfig

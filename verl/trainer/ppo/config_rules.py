@@ -251,6 +251,21 @@ INERT_KEYS: dict[str, str] = {
     "reward_model.model.fsdp_config.forward_prefetch": "FSDP2 prefetches as its default does",
     "reward_model.model.fsdp_config.wrap_policy.min_num_params": "each decoder layer is one FSDP2 unit",
     "trainer.use_legacy_worker_impl": "there is one worker implementation",
+    "trainer.v1.sampler.sync_refill_failed_groups": "a sample whose grading fails scores 0 (trainer."
+                                                    "max_bad_reward_fraction stops a run with too many); nothing is "
+                                                    "refilled",
+    "trainer.v1.sampler.custom_sampler.path": "the training sampler is data.sampler's",
+    "trainer.v1.sampler.custom_sampler.name": "the training sampler is data.sampler's",
+    **{f"trainer.v1.separate_async.{key}": "trainer.v1.trainer_mode=separate_async is not available yet"
+       for key in ("num_warmup_batches", "parameter_sync_step", *(f"hybrid_rollout.{leaf}" for leaf in (
+           "enable_switch", "switch_threshold_ratio", "adaptive_switch_threshold", "switch_threshold_step_up",
+           "switch_threshold_step_down", "switch_threshold_release_steps", "switch_cost_window_size")))},
+    "async_training.trigger_parameter_sync_step": "on the training ranks the weights are pushed after every step's "
+                                                  "update (trainer.v1.trainer_mode=colocate_async)",
+    "async_training.require_batches": "each update takes one step's data.train_batch_size groups",
+    "async_training.partial_rollout": "the push waits for the generation in flight, which finishes on its weights",
+    "async_training.use_trainer_do_validate": "validation runs on the rollout engines, after the step's push",
+    "async_training.use_dynamic_resource_scheduling": "rollout and training share every rank",
     "ray_kwargs.timeline_json_file": "no Ray timeline is written",
 }
 

@@ -22,13 +22,16 @@ from tqdm import tqdm
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.async_plan import effective_correction
 from verl.trainer.ppo.batch_filters import build_batch_filter
 from verl.trainer.ppo.filters import overlong_filter, truncate_to_multiple
 from verl.trainer.ppo.guards import SkippedStepGuard, check_reward_failures
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward, run_reward
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.rollout_stream import RolloutStream
 from verl.trainer.ppo.run_plan import plan_training_steps
+from verl.trainer.ppo.staleness import VERSIONS, groups_over_bound, staleness_metrics, trajectory_staleness
 from verl.utils.callables import accepted_keywords
 from verl.utils.checkpoint.checkpoint_manager import (
     atomic_step_dir,
@@ -125,6 +128,12 @@ class RayPPOTrainer:
         self._create_dataloader(train_dataset, val_dataset, collate_fn)
         self.global_steps = 0
         self.epoch = 0
+        # Policy versions: the actor's updates so far; the engines sample with the last pushed (staleness.py).
+        self.actor_version = 0
+        self._stream: RolloutStream | None = None  # generation ahead of the update (rollout_stream.py)
+        self._pending_rollouts: list[dict] = []  # a checkpoint's generation batches not yet trained on
+        # algorithm.rollout_correction, with decoupled PPO's token TIS where the plan asks for it (async_plan.py).
+        self.rollout_correction = effective_correction(config, plan.async_rl)
         # Which generated groups a step keeps and whether it generates more (Archer, DAPO, RLPR; batch_filters.py).
         self.batch_filter = build_batch_filter(config)
         self.skipped_step_guard = SkippedStepGuard(config)  # trainer.max_skipped_steps_in_row (guards.py)
@@ -173,6 +182,8 @@ class RayPPOTrainer:
         worker_cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=role,
                                           seed=cfg.trainer.seed, **common)
         worker_cls.own_process = plan.rollout.engine in PROCESS_BOUND_ENGINES
+        if plan.async_rl.overlaps:  # a generation and the update at once, in two threads of each rank's process
+            worker_cls.update_options({"max_concurrency": 2})
         self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, name_prefix="actor_rollout",
                                                device=self.device, sequence_parallel=plan.actor.sequence_parallel)
         self.critic_wg = self.rm_wg = None
@@ -241,6 +252,15 @@ class RayPPOTrainer:
         return gen_batch
 
     def _generate(self, gen_batch: DataProto, n: int) -> DataProto:
+        """`_generate_now`, after what the engines were given before (rollout_stream.py) when generation runs ahead,
+        with the weights' version of the last push."""
+        if self._stream is None:
+            gen_batch.meta_info["policy_version"] = self.actor_version
+            return self._generate_now(gen_batch, n)
+        gen_batch.meta_info["policy_version"] = self._stream.version
+        return self._stream.call(lambda: self._generate_now(gen_batch, n))
+
+    def _generate_now(self, gen_batch: DataProto, n: int) -> DataProto:
         """n responses per prompt from the worker group (adjacent), padding to a multiple of the number of ranks.
 
         Plain sampling and verl's agent loops get every prompt n times; the tool loop, and the agent loops with ARPO's
@@ -308,19 +328,48 @@ class RayPPOTrainer:
         return {f"val-core/{source}/reward/mean@{val_n}": float(np.mean(values))
                 for source, values in by_source.items()}
 
+    def _prepare_rollout(self, batch_dict: dict) -> tuple[DataProto, DataProto]:
+        """One generation batch's rows (each prompt with its `uid`) and what generation reads of them."""
+        batch = DataProto.from_single_dict(batch_dict)
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        gen_batch = self._gen_batch(batch)
+        gen_batch.meta_info["global_steps"] = self.global_steps
+        return batch, gen_batch
+
     def _rollout_and_score(self, batch_dict: dict, gen_metrics: dict, timing: dict) -> tuple[DataProto, list[str]]:
         """Generate rollout.n responses per prompt of one generation batch and score them.
 
         Returns the batch and the names of the reward manager's extra per-row columns.
         """
-        n = self.config.actor_rollout_ref.rollout.n
-        batch = DataProto.from_single_dict(batch_dict)
-        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        gen_batch = self._gen_batch(batch)
-        gen_batch.meta_info["global_steps"] = self.global_steps
-
+        batch, gen_batch = self._prepare_rollout(batch_dict)
         with _timer(Phase.GENERATE.timer, timing):
-            output = self._generate(gen_batch, n)
+            output = self._generate(gen_batch, self.config.actor_rollout_ref.rollout.n)
+        return self._score_rollout(batch, gen_batch, output, gen_metrics, timing)
+
+    def _launch_rollout(self, batch_dict: dict):
+        """For the rollout stream: the batch prepared here, and its generation to run on the engine thread."""
+        batch, gen_batch = self._prepare_rollout(batch_dict)
+        n = self.config.actor_rollout_ref.rollout.n
+
+        def generate(version: int) -> DataProto:
+            gen_batch.meta_info["policy_version"] = version
+            return self._generate_now(gen_batch, n)
+
+        return (batch, gen_batch), generate
+
+    def _streamed_rollout(self, prompt_batches, gen_metrics: dict, timing: dict) -> tuple[DataProto, list[str]] | None:
+        """The stream's next generated batch, scored; None when the data ran out."""
+        with _timer(Phase.GENERATE.timer, timing):
+            launched = self._stream.next(lambda: self.batch_filter.next_prompts(prompt_batches))
+        if launched is None:
+            return None
+        batch, gen_batch = launched.prepared
+        return self._score_rollout(batch, gen_batch, launched.future.result(), gen_metrics, timing)
+
+    def _score_rollout(self, batch: DataProto, gen_batch: DataProto, output: DataProto, gen_metrics: dict,
+                       timing: dict) -> tuple[DataProto, list[str]]:
+        """The generated responses joined to their prompts' rows, scored (and ReMax's greedy baselines)."""
+        n = self.config.actor_rollout_ref.rollout.n
         for key, values in output.meta_info.pop("metrics", {}).items():
             gen_metrics[key].extend(values)
         baselines = None
@@ -367,14 +416,19 @@ class RayPPOTrainer:
         batch_filter, gen_metrics, generated, batch = self.batch_filter, defaultdict(list), [], None
         batch_filter.begin_step(self.global_steps)
         while True:
-            batch_dict = batch_filter.next_prompts(prompt_batches)
-            if batch_dict is None:
+            if self._stream is None:
+                batch_dict = batch_filter.next_prompts(prompt_batches)
+                scored = None if batch_dict is None else self._rollout_and_score(batch_dict, gen_metrics, timing)
+            else:
+                scored = self._streamed_rollout(prompt_batches, gen_metrics, timing)
+            if scored is None:
                 if batch is not None:
                     n, want = self.config.actor_rollout_ref.rollout.n, self.config.data.train_batch_size
                     print(f"[filter_groups] the data ran out at {len(batch) // n} of {want} groups; training on them")
                 break
-            new, extra_keys = self._rollout_and_score(batch_dict, gen_metrics, timing)
+            new, extra_keys = scored
             generated.append(new)
+            new = self._drop_stale_groups(new, gen_metrics)
             kept, _ = batch_filter.filter(new)
             batch = kept if batch is None else DataProto.concat([batch, kept])
             if not batch_filter.needs_more(len(batch)):
@@ -387,6 +441,19 @@ class RayPPOTrainer:
         if self.config.trainer.rollout_data_dir:
             self._dump_rollouts(generated, extra_keys)
         return self._fit_to_ranks(batch, metrics)
+
+    def _drop_stale_groups(self, batch: DataProto, gen_metrics: dict) -> DataProto:
+        """The groups of `batch` within the plan's staleness bound for the coming update (all of them when nothing
+        runs ahead); the dropped ones count in training/off_policy/dropped_groups, and filters that refill (DAPO,
+        ema_std) draw more prompts for their place."""
+        plan = self.plan.async_rl
+        if not plan.overlaps or VERSIONS not in batch.batch:
+            return batch
+        staleness, _ = trajectory_staleness(batch.batch[VERSIONS], self.actor_version)
+        over = groups_over_bound(batch.non_tensor_batch["uid"], staleness, plan.max_staleness)
+        gen_metrics["training/off_policy/dropped_groups"].append(
+            float(len(set(batch.non_tensor_batch["uid"][over].tolist()))))
+        return batch.select_idxs(~over) if over.any() else batch
 
     def _dump_rollouts(self, generated: list[DataProto], extra_keys: list[str]) -> None:
         """Every rollout of the step, kept or filtered out, to `trainer.rollout_data_dir`."""
@@ -438,8 +505,10 @@ class RayPPOTrainer:
                 batch = batch.union(_with_metrics(self.critic_wg.compute_values(batch), metrics))
 
         # Rollout correction (algorithm.rollout_correction): IS weights for the loss, rejected tokens out of the mask.
-        batch, correction_metrics = compute_rollout_correction_and_add_to_batch(batch, cfg.algorithm.rollout_correction)
+        batch, correction_metrics = compute_rollout_correction_and_add_to_batch(batch, self.rollout_correction)
         metrics.update(correction_metrics)
+        if VERSIONS in batch.batch:
+            metrics.update(staleness_metrics(*trajectory_staleness(batch.batch[VERSIONS], self.actor_version)))
 
         with _timer(Phase.ADV.timer, timing):
             if cfg.algorithm.use_kl_in_reward:
@@ -461,6 +530,9 @@ class RayPPOTrainer:
             with _timer(Phase.UPDATE_ACTOR.timer, timing):
                 update = self.actor_rollout_wg.update_actor(batch)
             metrics.update(reduce_metrics(update.meta_info["metrics"]))
+            self.actor_version += 1
+            if self._stream is not None:  # after the generations submitted ahead, which sample the old weights
+                self._stream.push(self.actor_version)
         return batch
 
     # ------------------------------------------------------------------------------------------- checkpoints
@@ -482,6 +554,9 @@ class RayPPOTrainer:
             if self.config.algorithm.use_kl_in_reward:
                 driver_state["kl_ctrl_value"] = self.kl_ctrl_in_reward.value
             driver_state["batch_filter"] = self.batch_filter.state_dict()
+            driver_state["policy_version"] = self.actor_version
+            if self._stream is not None:  # submitted, not trained on: re-issued first on resume
+                driver_state["pending_rollouts"] = self._stream.pending()
             torch.save(driver_state, os.path.join(tmp, "data.pt"))
         remove_old_checkpoints(root, self.config.trainer.max_actor_ckpt_to_keep, current_step=self.global_steps)
         return os.path.join(root, f"global_step_{self.global_steps}")
@@ -524,6 +599,9 @@ class RayPPOTrainer:
         if filter_state is None and "std_filter" in driver_state:  # written before batch filters: RLPR's at the top
             filter_state = {"ema_std": {key: driver_state[key] for key in ("std_filter", "prompt_cache")}}
         self.batch_filter.load_state_dict(filter_state or {})
+        self.actor_version = driver_state.get("policy_version",
+                                              max(0, self.global_steps - self.config.trainer.critic_warmup))
+        self._pending_rollouts = list(driver_state.get("pending_rollouts", []))
 
     # ------------------------------------------------------------------------------------------- the loop
     def fit(self):
@@ -539,10 +617,17 @@ class RayPPOTrainer:
         logger = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
                           default_backend=cfg.trainer.logger, config=OmegaConf.to_container(cfg, resolve=True),
                           run_dir=self.checkpoint_root, resume_step=self.global_steps + 1 if self.global_steps else None)
+        if self.plan.async_rl.overlaps:
+            self._stream = RolloutStream(self.plan.async_rl.ahead, self.actor_version, self._launch_rollout,
+                                         self.actor_rollout_wg.push_rollout_weights)
+            self._stream.reissue(self._pending_rollouts)
         try:
             return self._train_loop(logger)
         finally:
             logger.finish()
+            if self._stream is not None:
+                self._stream.close()
+                self._stream = None
 
     def _train_loop(self, logger: Tracking):
         cfg = self.config
@@ -570,6 +655,8 @@ class RayPPOTrainer:
             if do_validate and cfg.trainer.test_freq > 0 and (last_step or self.global_steps % cfg.trainer.test_freq == 0):
                 with _timer(Phase.VALIDATION.timer, timing):
                     metrics.update(self._validate())
+            if self._stream is not None:
+                metrics.update(self._stream.take_timings())
             if len(batch):
                 metrics.update(compute_data_metrics(batch))
                 metrics.update(compute_timing_metrics(timing, batch, self.n_ranks))

@@ -1,0 +1,51 @@
+"""Asynchronous RL on CPU (`trainer.v1.trainer_mode=colocate_async`): the next generation batch samples with the last
+pushed weights while this one trains, one policy version stale, and trains with decoupled PPO; with a staleness bound
+of 0 the run is the synchronous trainer's, loss for loss."""
+
+import math
+
+import pytest
+from e2e_utils import fit_trainer, tiny_overrides
+
+pytestmark = pytest.mark.e2e
+
+COLOCATE = "trainer.v1.trainer_mode=colocate_async"
+
+
+def test_colocate_async_trains_one_version_stale_with_decoupled_ppo(ray_session, tiny_model_dir, arithmetic_data_dir,
+                                                                    tmp_path):
+    trainer, history, before, after, _ = fit_trainer(
+        tiny_overrides(tiny_model_dir, arithmetic_data_dir, COLOCATE, "trainer.total_training_steps=4",
+                       f"trainer.default_local_dir={tmp_path}"), tiny_model_dir)
+    assert trainer.plan.async_rl.overlaps and trainer.plan.old_log_prob_source == "recompute"
+    assert [m["training/global_step"] for m in history] == [1, 2, 3, 4]
+    # Step 1 trains the batch sampled with the initial weights; each later one a batch sampled with the weights of
+    # the update before the previous (the push waits for the generation in flight): one version stale, one span.
+    staleness = [m["training/off_policy/trajectory_staleness/max"] for m in history]
+    assert staleness == [0.0, 1.0, 1.0, 1.0]
+    assert [m["training/off_policy/trajectory_staleness/mean"] for m in history] == staleness
+    assert all(m["training/off_policy/trajectory_spans/max"] == 1.0 for m in history)
+    assert all(m["training/off_policy/dropped_groups"] == 0.0 for m in history)
+    for m in history:
+        for key in ("actor/pg_loss", "actor/grad_norm", "timing_s/wait_rollout", "timing_s/rollout_idle"):
+            assert math.isfinite(m[key]), (key, m[key])
+    # Decoupled PPO: token TIS against the engine that sampled (rollout_corr/* measured, the weights applied).
+    assert all("rollout_corr/rollout_is_mean" in m for m in history)
+    # On-policy step 1: the engine's log-probs are the actor's; stale steps: the proximal policy moved away.
+    assert history[0]["rollout_corr/kl"] == pytest.approx(0.0, abs=1e-5)
+    assert all(abs(m["rollout_corr/kl"]) > 1e-6 for m in history[1:])
+    assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
+
+
+def test_a_staleness_bound_of_0_is_the_synchronous_trainer(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
+    runs = []
+    for i, extra in enumerate([[], [COLOCATE, "trainer.v1.sampler.max_off_policy_threshold=0"]]):
+        trainer, history, *_ = fit_trainer(
+            tiny_overrides(tiny_model_dir, arithmetic_data_dir, "trainer.total_training_steps=2",
+                           f"trainer.default_local_dir={tmp_path / str(i)}", *extra), tiny_model_dir)
+        assert not trainer.plan.async_rl.overlaps
+        runs.append(history)
+    for sync, bounded in zip(*runs):
+        for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"):
+            assert bounded[key] == sync[key], key
+        assert bounded["training/off_policy/trajectory_staleness/max"] == 0.0

@@ -1,0 +1,105 @@
+"""verl's v1 and fully-async keys read into the run plan's AsyncPlan, and the combinations refused with their keys."""
+
+import pytest
+
+from verl.trainer.config import load_config
+from verl.trainer.ppo.async_plan import effective_correction
+from verl.trainer.ppo.run_plan import plan_run
+from verl.utils.config import ConfigError
+from verl.utils.run_plan import AsyncPlan
+
+COLOCATE = "trainer.v1.trainer_mode=colocate_async"
+
+
+def plan(*overrides):
+    return plan_run(load_config(overrides=list(overrides)), "cpu")
+
+
+def test_the_default_is_the_synchronous_trainer():
+    p = plan()
+    assert p.async_rl == AsyncPlan() and not p.async_rl.overlaps and p.async_rl.ahead == 0
+
+
+def test_colocate_async_takes_verls_v1_keys():
+    p = plan(COLOCATE, "trainer.v1.sampler.max_off_policy_threshold=3", "trainer.v1.colocate_async.num_warmup_batches=2",
+             "trainer.v1.sampler.max_off_policy_strategy=wait")
+    a = p.async_rl
+    assert (a.mode, a.max_staleness, a.warmup_batches, a.strategy, a.keys) == ("colocate_async", 3, 2, "wait",
+                                                                               "trainer.v1")
+    assert a.overlaps and a.ahead == 2 and a.decoupled
+    # Stale data: the old log-probs are the proximal policy's (recomputed), even where the engine's equal the actor's.
+    assert p.old_log_prob_source == "recompute" and plan().old_log_prob_source == "rollout"
+    assert not p.rollout.share_cpu_engine
+
+
+def test_warmup_batches_never_run_ahead_of_the_bound():
+    assert plan(COLOCATE, "trainer.v1.sampler.max_off_policy_threshold=1",
+                "trainer.v1.colocate_async.num_warmup_batches=4").async_rl.ahead == 1
+    assert plan(COLOCATE, "trainer.v1.colocate_async.num_warmup_batches=0").async_rl.ahead == 1
+
+
+def test_a_bound_of_0_plans_the_synchronous_trainer():
+    p = plan(COLOCATE, "trainer.v1.sampler.max_off_policy_threshold=0")
+    assert p.async_rl.mode == "colocate_async" and not p.async_rl.overlaps and not p.async_rl.decoupled
+    assert p.old_log_prob_source == plan().old_log_prob_source
+
+
+@pytest.mark.parametrize("threshold, bound", [(0.1, 1), (0.5, 1), (1.0, 1), (1.5, 2), (0, 0)])
+def test_the_fully_async_recipes_share_of_stale_samples_is_a_version_bound(threshold, bound):
+    a = plan(f"async_training.staleness_threshold={threshold}").async_rl
+    assert a.max_staleness == bound and a.keys == "async_training"
+    assert a.mode == ("colocate_async" if bound else "sync")
+
+
+def test_bypass_mode_trains_on_the_behaviour_policy_without_decoupling():
+    p = plan(COLOCATE, "algorithm.rollout_correction.bypass_mode=true")
+    assert p.old_log_prob_source == "rollout" and not p.async_rl.decoupled
+
+
+def test_a_correction_of_the_users_replaces_decoupled_ppos():
+    p = plan(COLOCATE, "algorithm.rollout_correction.rollout_is=sequence")
+    assert not p.async_rl.decoupled
+    cfg = load_config(overrides=[COLOCATE])
+    assert effective_correction(cfg, plan(COLOCATE).async_rl).rollout_is == "token"
+    assert effective_correction(cfg, AsyncPlan()).rollout_is is None
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ([COLOCATE, "async_training.staleness_threshold=0.5"], ["trainer.v1.trainer_mode", "async_training"]),
+    (["trainer.v1.trainer_mode=separate_async"], ["separate_async", "not available", "colocate_async"]),
+    ([COLOCATE, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"], ["tensor_model_parallel_size=1"]),
+    ([COLOCATE, "actor_rollout_ref.rollout.share_cpu_engine=true"], ["share_cpu_engine=false"]),
+])
+def test_combinations_that_cannot_run_are_refused_with_their_keys(overrides, words):
+    with pytest.raises(ConfigError) as err:
+        plan(*overrides)
+    for word in words:
+        assert word in str(err.value)
+
+
+@pytest.mark.parametrize("override, words", [
+    ("trainer.v1.trainer_mode=fast", ["trainer.v1.trainer_mode='fast'", "colocate_async"]),
+    ("trainer.v1.sampler.max_off_policy_threshold=-1", ["max_off_policy_threshold=-1"]),
+    ("trainer.v1.sampler.max_off_policy_strategy=skip", ["max_off_policy_strategy='skip'", "drop"]),
+    ("async_training.staleness_threshold=-0.5", ["async_training.staleness_threshold=-0.5"]),
+])
+def test_bad_values_name_their_key(override, words):
+    from verl.trainer.ppo.config_rules import validate_ppo_config
+
+    with pytest.raises(ConfigError) as err:
+        validate_ppo_config(load_config(overrides=[override]))
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_the_v1_keys_are_quivers_now_and_their_unread_neighbours_are_announced(capsys):
+    from verl.trainer.ppo.config_rules import announce_inert_keys
+    from verl.utils.config import verl_only_keys
+
+    assert not [key for key in verl_only_keys() if key.startswith(("trainer.v1", "trainer.use_v1"))]
+    cfg = load_config(overrides=[COLOCATE, "trainer.use_v1=false", "trainer.v1.separate_async.parameter_sync_step=2",
+                                 "async_training.require_batches=2"])
+    keys = announce_inert_keys(cfg, "hf")
+    assert set(keys) == {"trainer.v1.separate_async.parameter_sync_step", "async_training.require_batches"}
+    out = capsys.readouterr().out
+    assert "separate_async is not available yet" in out and "trainer.use_v1" not in out

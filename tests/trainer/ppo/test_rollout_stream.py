@@ -1,0 +1,79 @@
+"""The rollout stream's order of engine calls: generations submitted ahead sample the weights of the last push
+submitted before them, pushes wait for the generations before them, pending batches are re-issued first."""
+
+import threading
+import time
+
+from verl.trainer.ppo.rollout_stream import RolloutStream
+
+
+class Engines:
+    """A stand-in for the rollout engines: records the calls in the order they run, one at a time."""
+
+    def __init__(self):
+        self.weights, self.log, self.running = 0, [], threading.Lock()
+
+    def prepare(self, batch_dict):
+        def generate(version):
+            assert self.running.acquire(blocking=False), "two engine calls at once"
+            try:
+                time.sleep(0.01)
+                self.log.append(("generate", batch_dict["id"], version, self.weights))
+                return {"id": batch_dict["id"], "sampled_with": self.weights}
+            finally:
+                self.running.release()
+        return batch_dict["id"], generate
+
+    def push(self):
+        self.weights += 1
+        self.log.append(("push", self.weights))
+        return 0.0
+
+
+def drawer(n):
+    batches = iter([{"id": i} for i in range(n)])
+    return lambda: next(batches, None)
+
+
+def test_one_batch_ahead_trains_one_version_stale():
+    engines = Engines()
+    stream = RolloutStream(ahead=1, version=0, prepare=engines.prepare, push=engines.push)
+    draw, trained = drawer(4), []
+    version = 0
+    while (launched := stream.next(draw)) is not None:
+        out = launched.future.result()
+        assert out["sampled_with"] == launched.version  # the stamp is the weights that really sampled
+        trained.append((launched.prepared, version - launched.version))
+        version += 1  # the update
+        stream.push(version)
+    stream.close()
+    assert trained == [(0, 0), (1, 1), (2, 1), (3, 1)]
+    # batch 1 was submitted before the first update's push; batch 2 after it, so it sampled the pushed weights
+    assert engines.log[:4] == [("generate", 0, 0, 0), ("generate", 1, 0, 0), ("push", 1), ("generate", 2, 1, 1)]
+
+
+def test_two_ahead_keeps_two_submitted_and_stays_within_two_versions():
+    engines = Engines()
+    stream = RolloutStream(ahead=2, version=0, prepare=engines.prepare, push=engines.push)
+    draw, staleness, version = drawer(5), [], 0
+    while (launched := stream.next(draw)) is not None:
+        staleness.append(version - launched.version)
+        assert len(stream.pending()) <= 2
+        version += 1
+        stream.push(version)
+    stream.close()
+    assert staleness == [0, 1, 2, 2, 2]
+
+
+def test_calls_wait_their_turn_and_pending_batches_are_reissued_first():
+    engines = Engines()
+    stream = RolloutStream(ahead=1, version=5, prepare=engines.prepare, push=engines.push)
+    stream.reissue([{"id": "kept-a"}, {"id": "kept-b"}])
+    first = stream.next(drawer(1))
+    assert first.prepared == "kept-a" and [d["id"] for d in stream.pending()] == ["kept-b"]
+    assert stream.call(lambda: engines.log[-1]) == ("generate", "kept-b", 5, 0)  # ran after what was submitted
+    assert stream.next(drawer(0)).prepared == "kept-b"
+    timings = stream.take_timings()
+    assert set(timings) == {"timing_s/wait_rollout", "timing_s/rollout_idle", "timing_s/update_weights"}
+    assert all(value >= 0 for value in timings.values())
+    stream.close()

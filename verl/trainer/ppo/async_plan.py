@@ -1,0 +1,107 @@
+"""How rollout and training overlap: verl's v1 keys (`trainer.v1.*`) and its fully-async recipe's
+(`async_training.*`), read once into the run plan's `AsyncPlan` (verl/utils/run_plan.py).
+
+Staleness is counted in policy versions: the engine's weights are version v after the v-th push of the actor's
+weights (the actor's v-th update in the synchronous trainer). A trajectory sampled with version e and trained by
+the update that makes version u + 1 has staleness u - e; `trainer.v1.sampler.max_off_policy_threshold` bounds it.
+
+verl's fully-async recipe counts instead a share s of stale samples per weight sync (`async_training.
+staleness_threshold`): between two syncs the rollout may produce (1 + s) x the samples the trainer takes, so a sample
+is at most ceil(s) syncs old. Its s = 0 is synchronous streaming, and 0 < s <= 1 verl's one-step-off layout
+(batch N + 1 samples while batch N trains: staleness 1).
+
+Stale data trains with decoupled PPO (Hilton et al. 2022; AReaL, Fu et al. 2025) unless the config asks for a
+correction of its own: with pi_behav the engine that sampled, pi_prox the actor before this update (the recomputed
+old log-probs) and pi_theta the actor being trained,
+
+    L = - E_t[ w_t * min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t) ],
+    r_t = pi_theta(y_t) / pi_prox(y_t),   w_t = min(pi_prox(y_t) / pi_behav(y_t), C)
+
+which is rollout_correction's token-level truncated importance sampling (rollout_is=token, C =
+rollout_is_threshold) on top of the actor's policy loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl.trainer.ppo.rollout_corr_helper import correction_enabled
+from verl.utils.config import ConfigError, option
+from verl.utils.run_plan import AsyncPlan
+
+# Engines that generate inside the rank's process, so that a thread of their own can sample beside the update.
+IN_PROCESS_ENGINES = ("hf", "vllm")
+
+
+def _fully_async(config: DictConfig) -> AsyncPlan | None:
+    """verl's fully-async recipe keys as an AsyncPlan, or None when async_training.staleness_threshold is null."""
+    recipe = config.get("async_training")
+    if recipe is None or recipe.staleness_threshold is None:
+        return None
+    bound = math.ceil(float(recipe.staleness_threshold))
+    return AsyncPlan(mode="colocate_async" if bound > 0 else "sync", max_staleness=bound,
+                     strategy=config.trainer.v1.sampler.max_off_policy_strategy, warmup_batches=1,
+                     parameter_sync_step=int(recipe.trigger_parameter_sync_step), keys="async_training")
+
+
+def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool) -> AsyncPlan:
+    """The run's AsyncPlan, or a ConfigError naming the keys of a combination that cannot run here."""
+    v1 = config.trainer.v1
+    mode = v1.trainer_mode
+    recipe = _fully_async(config)
+    if recipe is not None and mode != "sync":
+        raise ConfigError(f"trainer.v1.trainer_mode={mode} and async_training.staleness_threshold="
+                          f"{config.async_training.staleness_threshold} both ask for an asynchronous run: set one "
+                          "(async_training.* is verl's fully-async recipe, trainer.v1.* its v1 trainer)")
+    if mode == "separate_async":
+        raise ConfigError("trainer.v1.trainer_mode=separate_async (rollout ranks apart from the training ranks) is not "
+                          "available in Quiver yet; trainer.v1.trainer_mode=colocate_async overlaps generation and "
+                          "training on the same ranks")
+    if recipe is not None:
+        plan = recipe
+    elif mode == "colocate_async":
+        plan = AsyncPlan(mode=mode, max_staleness=int(v1.sampler.max_off_policy_threshold),
+                         strategy=v1.sampler.max_off_policy_strategy,
+                         warmup_batches=int(v1.colocate_async.num_warmup_batches),
+                         parameter_sync_step=1, keys="trainer.v1")
+    else:
+        return AsyncPlan()
+    if not plan.overlaps:
+        return AsyncPlan(mode=plan.mode, keys=plan.keys, strategy=plan.strategy)
+    where = ("async_training.staleness_threshold" if plan.keys == "async_training"
+             else "trainer.v1.trainer_mode=colocate_async")
+    rollout = config.actor_rollout_ref.rollout
+    if engine not in IN_PROCESS_ENGINES:
+        raise ConfigError(f"{where} samples in a thread of each training rank beside its update, which the {engine} "
+                          f"engine cannot (it runs apart from the rank's process); use actor_rollout_ref.rollout.name="
+                          f"{' or '.join(IN_PROCESS_ENGINES)}")
+    if rollout.tensor_model_parallel_size > 1:
+        raise ConfigError(f"{where} needs actor_rollout_ref.rollout.tensor_model_parallel_size=1 (got "
+                          f"{rollout.tensor_model_parallel_size}): a tensor-parallel engine's collectives would run "
+                          "beside the update's on the same process group")
+    if share_cpu_engine:
+        raise ConfigError(f"{where} needs an engine per rank: set actor_rollout_ref.rollout.share_cpu_engine=false "
+                          "(a node-shared engine gathers the ranks' prompts with collectives, which would run beside "
+                          "the update's)")
+    correction = config.algorithm.get("rollout_correction")
+    bypass = option(correction, "bypass_mode", "algorithm.rollout_correction")
+    decoupled = not (bypass is True or bypass == "true") and not correction_enabled(correction)
+    return dataclasses.replace(plan, decoupled=decoupled)
+
+
+def old_log_probs_for_stale_data(config: DictConfig) -> str:
+    """Where an overlapping run's update takes its old log-probs: the rollout's with bypass_mode=true (PPO against
+    the behaviour policy, verl's fully-async default), else the actor's recomputation (the proximal policy)."""
+    bypass = option(config.algorithm.get("rollout_correction"), "bypass_mode", "algorithm.rollout_correction")
+    return "rollout" if bypass is True or bypass == "true" else "recompute"
+
+
+def effective_correction(config: DictConfig, plan: AsyncPlan):
+    """The rollout_correction node the step applies: the config's, with token TIS added for decoupled PPO."""
+    correction = config.algorithm.get("rollout_correction")
+    if not plan.decoupled:
+        return correction
+    return OmegaConf.merge(correction or {}, {"rollout_is": "token"})

@@ -1,0 +1,124 @@
+"""Generation ahead of the update, on the training ranks (`trainer.v1.trainer_mode=colocate_async`).
+
+Every call that uses the rollout engines -- generation batches, weight pushes, validation -- goes through one
+driver thread (`engine_calls`), in the order the driver submits them. The driver keeps `ahead` generation batches
+submitted beyond the one it trains on, so they sample while it computes log-probs, advantages and the update; the
+push of the updated weights is submitted after them and runs when the last of them is done. A generation therefore
+samples with the weights of the last push submitted before it (its `version`), and a batch trained by the update
+after u pushes is u - version policy versions stale: `ahead` at most, the plan's bound (AsyncPlan.ahead).
+
+On the ranks, the generation and the update run in two threads of the rank's process (the worker hosts take two
+calls at a time); the engine holds its own copy of the weights, which only the push writes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Launched:
+    """One generation batch submitted: its dataloader batch (what a checkpoint keeps to re-issue it), what the
+    driver prepared from it, the weights' version it samples with, and the generation's future."""
+
+    batch_dict: dict
+    prepared: Any
+    version: int
+    future: Future
+
+
+class RolloutStream:
+    """Generation batches submitted ahead (see the module docstring). `prepare(batch_dict)` runs in the driver's
+    thread and returns (prepared, generate), `generate(version)` then runs on the engine thread; `push()` pushes the
+    actor's weights into the engines."""
+
+    def __init__(self, ahead: int, version: int, prepare: Callable[[dict], tuple[Any, Callable[[int], Any]]],
+                 push: Callable[[], float]):
+        self.ahead = ahead
+        self.version = version  # the weights the next submitted generation samples with
+        self._prepare, self._push = prepare, push
+        self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-calls")
+        self._queue: deque[Launched] = deque()
+        self._reissue: deque[dict] = deque()
+        self.trainer_wait_s = 0.0  # the driver waiting on a generation it needed
+        self.push_s = 0.0
+        self._busy_until = time.perf_counter()
+        self.engine_idle_s = 0.0  # the engines with nothing submitted (waiting on the trainer)
+
+    # ------------------------------------------------------------------------------------------- engine thread
+    def _timed(self, fn: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        self.engine_idle_s += max(0.0, start - self._busy_until)
+        try:
+            return fn()
+        finally:
+            self._busy_until = time.perf_counter()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the engine thread after everything submitted before it; wait for its result."""
+        start = time.perf_counter()
+        result = self._engine.submit(self._timed, fn).result()
+        self.trainer_wait_s += time.perf_counter() - start
+        return result
+
+    def push(self, version: int) -> None:
+        """Submit the push of the actor's weights, which become `version` for the generations submitted after."""
+        def timed_push():
+            start = time.perf_counter()
+            self._push()
+            self.push_s += time.perf_counter() - start
+
+        self._engine.submit(self._timed, timed_push)
+        self.version = version
+
+    # ------------------------------------------------------------------------------------------- batches
+    def _submit(self, batch_dict: dict) -> None:
+        prepared, generate = self._prepare(batch_dict)
+        version = self.version
+        self._queue.append(Launched(batch_dict, prepared, version,
+                                    self._engine.submit(self._timed, lambda: generate(version))))
+
+    def next(self, draw: Callable[[], dict | None]) -> Launched | None:
+        """The oldest submitted batch, generated (waiting for it if need be), after topping the queue up so that
+        `ahead` batches stay submitted beyond it; None when the data ran out and nothing is left. Batches a
+        checkpoint kept (`reissue`) are submitted before new ones are drawn."""
+        while len(self._queue) < self.ahead + 1:
+            batch_dict = self._reissue.popleft() if self._reissue else draw()
+            if batch_dict is None:
+                break
+            self._submit(batch_dict)
+        if not self._queue:
+            return None
+        launched = self._queue.popleft()
+        start = time.perf_counter()
+        launched.future.result()
+        self.trainer_wait_s += time.perf_counter() - start
+        return launched
+
+    def pending(self) -> list[dict]:
+        """The dataloader batches submitted (or to be re-issued) and not yet trained on, oldest first."""
+        return [item.batch_dict for item in self._queue] + list(self._reissue)
+
+    def reissue(self, batch_dicts: list[dict]) -> None:
+        """Batches a checkpoint kept as pending: submitted again, first, with the resumed weights."""
+        self._reissue.extend(batch_dicts)
+
+    def take_timings(self) -> dict[str, float]:
+        """Seconds since the last call: the trainer waiting on generation, the engines waiting on the trainer, the
+        pushes."""
+        timings = {"timing_s/wait_rollout": self.trainer_wait_s, "timing_s/rollout_idle": self.engine_idle_s,
+                   "timing_s/update_weights": self.push_s}
+        self.trainer_wait_s = self.engine_idle_s = self.push_s = 0.0
+        return timings
+
+    def close(self) -> None:
+        """Drop the batches not started and wait for the engine thread's current call."""
+        for item in self._queue:
+            item.future.cancel()
+        self._queue.clear()
+        self._engine.shutdown(wait=True, cancel_futures=True)
