@@ -49,3 +49,4 @@ def test_a_staleness_bound_of_0_is_the_synchronous_trainer(ray_session, tiny_mod
         for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"):
             assert bounded[key] == sync[key], key
         assert bounded["training/off_policy/trajectory_staleness/max"] == 0.0
+

@@ -103,3 +103,14 @@ def test_the_v1_keys_are_quivers_now_and_their_unread_neighbours_are_announced(c
     assert set(keys) == {"trainer.v1.separate_async.parameter_sync_step", "async_training.require_batches"}
     out = capsys.readouterr().out
     assert "separate_async is not available yet" in out and "trainer.use_v1" not in out
+
+
+@pytest.mark.parametrize("engine, why", [("vllm", "collectives on the rank's process group"),
+                                         ("sglang", "apart from the rank's process")])
+def test_engines_that_cannot_sample_beside_the_update_are_refused_with_the_reason(engine, why):
+    """(The engine as the topology chose it: on this machine rollout.name=sglang would fall back to hf.)"""
+    from verl.trainer.ppo.async_plan import plan_async
+
+    with pytest.raises(ConfigError) as err:
+        plan_async(load_config(overrides=[COLOCATE]), engine, share_cpu_engine=False)
+    assert why in str(err.value) and "rollout.name=hf" in str(err.value)

@@ -1,5 +1,6 @@
 """How the workers' per-rank metric lists become one value per step (verl/trainer/ppo/metric_utils.py)."""
 
+import pytest
 import torch
 
 from verl.protocol import DataProto
@@ -48,3 +49,22 @@ def test_response_length_counts_the_whole_response_as_verl_does():
     assert (metrics["response_length_sampled/mean"], metrics["response_length_sampled/max"]) == (3.0, 4.0)
     assert (metrics["num_turns/min"], metrics["num_turns/max"], metrics["num_turns/mean"]) == (2.0, 4.0, 3.0)
     assert (metrics["prompt_length/mean"], metrics["prompt_length/min"]) == (2.5, 2.0)
+
+
+def test_the_rollout_actor_gap_in_log_probs_and_in_verls_probabilities():
+    import math
+
+    batch = _tool_batch()
+    old = torch.full((2, 6), math.log(0.5))
+    rollout = old.clone()
+    rollout[0, 0], rollout[1, 1] = math.log(0.25), math.log(0.75)  # two of the 6 masked tokens differ
+    rollout[0, 3] = math.log(0.9)  # a tool token: out of the mask, not counted
+    batch.batch["old_log_probs"], batch.batch["rollout_log_probs"] = old, rollout
+    metrics = compute_data_metrics(batch)
+    diffs = torch.tensor([0.25, 0, 0, 0, 0, 0.25])  # |p_rollout - p_old| over the 6 masked tokens
+    assert metrics["training/rollout_probs_diff_max"] == 0.25
+    assert metrics["training/rollout_probs_diff_mean"] == pytest.approx(float(diffs.mean()))
+    assert metrics["training/rollout_probs_diff_std"] == pytest.approx(float(diffs.std(unbiased=False)))
+    assert metrics["training/rollout_actor_logprob_diff_max"] == pytest.approx(math.log(2))
+    batch.meta_info["old_log_prob_source"] = "rollout"  # compared with themselves: nothing to measure
+    assert "training/rollout_probs_diff_max" not in compute_data_metrics(batch)

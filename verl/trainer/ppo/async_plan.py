@@ -32,8 +32,10 @@ from verl.trainer.ppo.rollout_corr_helper import correction_enabled
 from verl.utils.config import ConfigError, option
 from verl.utils.run_plan import AsyncPlan
 
-# Engines that generate inside the rank's process, so that a thread of their own can sample beside the update.
-IN_PROCESS_ENGINES = ("hf", "vllm")
+# Engines that can sample in a thread of the rank's process beside the update: the HF engine runs no collective.
+# vLLM's in-process engine issues collectives of its own on the rank's process group, which then cross the
+# update's (gloo aborts on the mismatch); SGLang and TensorRT-LLM run apart from the rank's process.
+OVERLAPPING_ENGINES = ("hf",)
 
 
 def _fully_async(config: DictConfig) -> AsyncPlan | None:
@@ -74,10 +76,12 @@ def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool) -> Async
     where = ("async_training.staleness_threshold" if plan.keys == "async_training"
              else "trainer.v1.trainer_mode=colocate_async")
     rollout = config.actor_rollout_ref.rollout
-    if engine not in IN_PROCESS_ENGINES:
+    if engine not in OVERLAPPING_ENGINES:
+        why = ("its in-process engine runs collectives on the rank's process group, which would cross the update's"
+               if engine == "vllm" else "it runs apart from the rank's process")
         raise ConfigError(f"{where} samples in a thread of each training rank beside its update, which the {engine} "
-                          f"engine cannot (it runs apart from the rank's process); use actor_rollout_ref.rollout.name="
-                          f"{' or '.join(IN_PROCESS_ENGINES)}")
+                          f"engine cannot ({why}); use actor_rollout_ref.rollout.name="
+                          f"{' or '.join(OVERLAPPING_ENGINES)}")
     if rollout.tensor_model_parallel_size > 1:
         raise ConfigError(f"{where} needs actor_rollout_ref.rollout.tensor_model_parallel_size=1 (got "
                           f"{rollout.tensor_model_parallel_size}): a tensor-parallel engine's collectives would run "

@@ -73,6 +73,13 @@ def compute_data_metrics(batch: DataProto) -> dict[str, float]:
         diff = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()[response_mask]
         metrics["training/rollout_actor_logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
         metrics["training/rollout_actor_logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
+        # verl's names: the same gap in probabilities, |pi_rollout(y_t) - pi_old(y_t)| (with stale data pi_old is
+        # the weights before this update, so the gap holds the policy's change since sampling too).
+        probs = (batch.batch["rollout_log_probs"].exp() - batch.batch["old_log_probs"].exp()).abs()[response_mask]
+        if probs.numel():
+            metrics.update({"training/rollout_probs_diff_mean": probs.mean().item(),
+                            "training/rollout_probs_diff_max": probs.max().item(),
+                            "training/rollout_probs_diff_std": probs.std(unbiased=False).item()})
     return metrics
 
 
