@@ -50,3 +50,34 @@ def test_a_staleness_bound_of_0_is_the_synchronous_trainer(ray_session, tiny_mod
             assert bounded[key] == sync[key], key
         assert bounded["training/off_policy/trajectory_staleness/max"] == 0.0
 
+
+
+def test_a_resumed_run_reissues_the_batches_in_flight_and_keeps_the_bound(ray_session, tiny_model_dir,
+                                                                          arithmetic_data_dir, tmp_path):
+    """A checkpoint of a colocate_async run holds the generation batch submitted ahead (its prompts were drawn, not
+    trained on) and the policy version; the resumed run samples that batch again first, with the resumed weights,
+    and the staleness accounting continues from the checkpoint's version."""
+    import torch
+
+    import json
+
+    overrides = tiny_overrides(tiny_model_dir, arithmetic_data_dir, COLOCATE, "trainer.save_freq=1",
+                               f"trainer.default_local_dir={tmp_path}", f"trainer.rollout_data_dir={tmp_path / 'dump'}")
+    _, first, *_ = fit_trainer([*overrides, "trainer.total_training_steps=2"], tiny_model_dir)
+    state = torch.load(tmp_path / "global_step_2" / "data.pt", weights_only=False)
+    assert state["policy_version"] == 2 and len(state["pending_rollouts"]) == 1
+    pending_prompts = state["pending_rollouts"][0]["input_ids"]
+
+    trainer, resumed, *_ = fit_trainer([*overrides, "trainer.total_training_steps=4"], tiny_model_dir)
+    assert [m["training/global_step"] for m in resumed] == [3, 4]
+    # Step 3 trains the kept batch, sampled after the resume with version 2: on-policy; step 4 one version stale.
+    assert [m["training/off_policy/trajectory_staleness/max"] for m in resumed] == [0.0, 1.0]
+    assert trainer.actor_version == 4
+    # The prompts step 3 trained on are the kept batch's (each prompt n times).
+    tokenizer = trainer.tokenizer
+    kept = sorted(tokenizer.decode(ids, skip_special_tokens=True) for ids in pending_prompts)
+    trained = [json.loads(line)["input"] for line in (tmp_path / "dump" / "3.jsonl").read_text().splitlines()]
+    assert sorted(trained[::4]) == kept
+    step3 = torch.load(tmp_path / "global_step_3" / "data.pt", weights_only=False)
+    assert not torch.equal(step3["pending_rollouts"][0]["input_ids"], pending_prompts)  # the next batch by then
+    assert first[-1]["training/off_policy/trajectory_staleness/max"] == 1.0
