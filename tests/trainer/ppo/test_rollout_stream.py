@@ -1,5 +1,6 @@
 """The rollout stream's order of engine calls: generations submitted ahead sample the weights of the last push
-submitted before them, pushes wait for the generations before them, pending batches are re-issued first."""
+before them; a push waits until the engines are idle and runs on the driver's thread (its gathers are collectives
+that must not cross the next step's); pending batches are re-issued first."""
 
 import threading
 import time
@@ -25,8 +26,10 @@ class Engines:
         return batch_dict["id"], generate
 
     def push(self):
+        assert self.running.acquire(blocking=False), "a push during an engine call"
+        self.running.release()
         self.weights += 1
-        self.log.append(("push", self.weights))
+        self.log.append(("push", self.weights, threading.current_thread() is threading.main_thread()))
         return 0.0
 
 
@@ -49,10 +52,11 @@ def test_one_batch_ahead_trains_one_version_stale():
     stream.close()
     assert trained == [(0, 0), (1, 1), (2, 1), (3, 1)]
     # batch 1 was submitted before the first update's push; batch 2 after it, so it sampled the pushed weights
-    assert engines.log[:4] == [("generate", 0, 0, 0), ("generate", 1, 0, 0), ("push", 1), ("generate", 2, 1, 1)]
+    assert engines.log[:4] == [("generate", 0, 0, 0), ("generate", 1, 0, 0), ("push", 1, True), ("generate", 2, 1, 1)]
 
 
-def test_two_ahead_keeps_two_submitted_and_stays_within_two_versions():
+def test_two_ahead_keeps_at_most_two_submitted_and_stays_within_two_versions():
+    """Without interrupting a generation, a push waits for the batches ahead: the queue drains every second step."""
     engines = Engines()
     stream = RolloutStream(ahead=2, version=0, prepare=engines.prepare, push=engines.push)
     draw, staleness, version = drawer(5), [], 0
@@ -62,7 +66,21 @@ def test_two_ahead_keeps_two_submitted_and_stays_within_two_versions():
         version += 1
         stream.push(version)
     stream.close()
-    assert staleness == [0, 1, 2, 2, 2]
+    assert staleness == [0, 1, 2, 1, 2]
+    # A push that waits for the queue carries every update since: 3 pushes for 5 updates (versions 2, 4 and 5, the
+    # last when the driver asked for more and the data had run out), each on the driver's thread.
+    pushes = [entry for entry in engines.log if entry[0] == "push"]
+    assert len(pushes) == 3 and all(on_driver for _, _, on_driver in pushes)
+
+
+def test_closing_pushes_the_last_update():
+    engines = Engines()
+    stream = RolloutStream(ahead=1, version=0, prepare=engines.prepare, push=engines.push)
+    draw = drawer(3)
+    stream.next(draw)
+    stream.push(1)
+    stream.close()  # the batch submitted ahead is dropped or finished; the engines get version 1
+    assert engines.log[-1] == ("push", 1, True) and stream.version == 1
 
 
 def test_calls_wait_their_turn_and_pending_batches_are_reissued_first():

@@ -1,14 +1,17 @@
 """Generation ahead of the update, on the training ranks (`trainer.v1.trainer_mode=colocate_async`).
 
-Every call that uses the rollout engines -- generation batches, weight pushes, validation -- goes through one
-driver thread (`engine_calls`), in the order the driver submits them. The driver keeps `ahead` generation batches
-submitted beyond the one it trains on, so they sample while it computes log-probs, advantages and the update; the
-push of the updated weights is submitted after them and runs when the last of them is done. A generation therefore
-samples with the weights of the last push submitted before it (its `version`), and a batch trained by the update
-after u pushes is u - version policy versions stale: `ahead` at most, the plan's bound (AsyncPlan.ahead).
+Generation batches run on one driver thread (`engine calls`), in the order the driver submits them; the driver keeps
+`ahead` of them submitted beyond the batch it trains on, so that they sample while it computes log-probs, advantages
+and the update. The push of the updated weights waits until the engines are idle -- when the driver takes the next
+batch, which was the last one in flight -- and runs on the driver's own thread: its gathers are collectives on the
+ranks' process group, which must not cross the next step's (log-probs, update). Only then is the next generation
+submitted, so it samples the pushed weights. A generation therefore samples with the weights of the last push before
+it (its `version`), and a batch trained by the update after u pushes is u - version policy versions stale: at most
+`ahead`, the plan's bound (AsyncPlan.ahead). Validation and other engine calls (`call`) wait their turn the same way.
 
 On the ranks, the generation and the update run in two threads of the rank's process (the worker hosts take two
-calls at a time); the engine holds its own copy of the weights, which only the push writes.
+calls at a time); the HF engine holds its own copy of the weights, which only the push writes, and runs no
+collective.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class RolloutStream:
         self._prepare, self._push = prepare, push
         self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-calls")
         self._queue: deque[Launched] = deque()
+        self._pending_push: int | None = None  # the version of an update not yet pushed
         self._reissue: deque[dict] = deque()
         self.trainer_wait_s = 0.0  # the driver waiting on a generation it needed
         self.push_s = 0.0
@@ -59,22 +63,35 @@ class RolloutStream:
         finally:
             self._busy_until = time.perf_counter()
 
+    def _idle(self) -> None:
+        """Wait until every call submitted to the engines is done (the generations ahead included)."""
+        self._engine.submit(lambda: None).result()
+
+    def _run_push(self) -> None:
+        """The pending push, once the engines are idle, on the caller's (the driver's) thread."""
+        if self._pending_push is None:
+            return
+        start = time.perf_counter()
+        self._idle()
+        self.trainer_wait_s += time.perf_counter() - start
+        start = time.perf_counter()
+        self._push()
+        self.push_s += time.perf_counter() - start
+        self._busy_until = time.perf_counter()
+        self.version, self._pending_push = self._pending_push, None
+
     def call(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` on the engine thread after everything submitted before it; wait for its result."""
+        """Run `fn` on the engine thread after everything submitted before it and the pending push; its result."""
+        self._run_push()
         start = time.perf_counter()
         result = self._engine.submit(self._timed, fn).result()
         self.trainer_wait_s += time.perf_counter() - start
         return result
 
     def push(self, version: int) -> None:
-        """Submit the push of the actor's weights, which become `version` for the generations submitted after."""
-        def timed_push():
-            start = time.perf_counter()
-            self._push()
-            self.push_s += time.perf_counter() - start
-
-        self._engine.submit(self._timed, timed_push)
-        self.version = version
+        """The actor's weights are now `version`: they are pushed when the engines are next idle, before the next
+        generation is submitted (see the module docstring)."""
+        self._pending_push = version
 
     # ------------------------------------------------------------------------------------------- batches
     def _submit(self, batch_dict: dict) -> None:
@@ -83,21 +100,30 @@ class RolloutStream:
         self._queue.append(Launched(batch_dict, prepared, version,
                                     self._engine.submit(self._timed, lambda: generate(version))))
 
-    def next(self, draw: Callable[[], dict | None]) -> Launched | None:
-        """The oldest submitted batch, generated (waiting for it if need be), after topping the queue up so that
-        `ahead` batches stay submitted beyond it; None when the data ran out and nothing is left. Batches a
-        checkpoint kept (`reissue`) are submitted before new ones are drawn."""
-        while len(self._queue) < self.ahead + 1:
+    def _top_up(self, draw: Callable[[], dict | None], size: int) -> None:
+        while len(self._queue) < size:
             batch_dict = self._reissue.popleft() if self._reissue else draw()
             if batch_dict is None:
-                break
+                return
             self._submit(batch_dict)
+
+    def next(self, draw: Callable[[], dict | None]) -> Launched | None:
+        """The oldest submitted batch, generated (waiting for it if need be); the pending push then runs and the
+        queue is topped up so that `ahead` batches stay submitted beyond it. None when the data ran out and nothing
+        is left. Batches a checkpoint kept (`reissue`) are submitted before new ones are drawn."""
+        if not self._queue:
+            self._run_push()
+            self._top_up(draw, 1)
         if not self._queue:
             return None
         launched = self._queue.popleft()
         start = time.perf_counter()
         launched.future.result()
         self.trainer_wait_s += time.perf_counter() - start
+        if self._pending_push is not None and not self._queue:
+            self._run_push()
+        if self._pending_push is None:
+            self._top_up(draw, self.ahead)
         return launched
 
     def pending(self) -> list[dict]:
@@ -117,8 +143,12 @@ class RolloutStream:
         return timings
 
     def close(self) -> None:
-        """Drop the batches not started and wait for the engine thread's current call."""
+        """Drop the batches not started, wait for the engine thread's current call, then push the last update, so
+        that the engines hold the actor's final weights."""
         for item in self._queue:
             item.future.cancel()
         self._queue.clear()
         self._engine.shutdown(wait=True, cancel_futures=True)
+        if self._pending_push is not None:
+            self._push()
+            self.version, self._pending_push = self._pending_push, None
