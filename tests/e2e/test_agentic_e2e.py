@@ -121,24 +121,31 @@ def test_async_tool_agent_trains_with_the_seed_python_tool(ray_session, tool_tas
     assert check_masks(trainer, batch) > 0
 
 
-@pytest.mark.parametrize("loop", ["tool_rounds", "agent_loops"])
-def test_tool_trajectories_with_branches_train_one_version_stale_in_colocate_async(ray_session, tool_task, tmp_path,
-                                                                                  loop):
-    """trainer.v1.trainer_mode=colocate_async: the next batch's tool trajectories (their tool calls in the sandbox,
-    ARPO's branches) sample with the last pushed weights while this batch trains; with the tag-style tool rounds and
-    with verl's agent loops (tool_agent, branching inside the loop)."""
+@pytest.mark.parametrize("loop, ahead", [("tool_rounds", 2), ("agent_loops", 1)])
+def test_tool_trajectories_with_branches_train_within_the_bound_in_colocate_async(ray_session, tool_task, tmp_path,
+                                                                                 loop, ahead):
+    """trainer.v1.trainer_mode=colocate_async: the next batches' tool trajectories (their tool calls in the sandbox,
+    ARPO's branches) sample while this batch trains. The tag-style tool rounds run two batches ahead with partial
+    rollout (a push goes between two rounds of a trajectory in flight); verl's agent loops (tool_agent, branching
+    inside the loop) one batch ahead, a push waiting for the batch in flight."""
     model_dir, data_dir = tool_task
     mode = ([f"{ROLLOUT}.mode=async", f"{ROLLOUT}.agent.default_agent_loop=tool_agent"] if loop == "agent_loops"
             else [])
     trainer, history, before, after, batch = fit_trainer(
         agentic_overrides(model_dir, data_dir, tmp_path, *mode, "trainer.v1.trainer_mode=colocate_async",
-                          "trainer.total_training_steps=2"), model_dir, probe_step=True)
-    assert trainer.plan.rollout.generation == loop and trainer.plan.async_rl.overlaps
-    assert [m["training/off_policy/trajectory_staleness/max"] for m in history] == [0.0, 1.0]
+                          f"trainer.v1.colocate_async.num_warmup_batches={ahead}", "trainer.total_training_steps=3"),
+        model_dir, probe_step=True)
+    plan = trainer.plan.async_rl
+    assert trainer.plan.rollout.generation == loop and plan.ahead == ahead
+    assert plan.partial_rollout == (loop == "tool_rounds")
+    staleness = [m["training/off_policy/trajectory_staleness/max"] for m in history]
+    assert staleness[0] == 0.0 and all(1.0 <= s <= ahead for s in staleness[1:])
     for m in history:
         assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"])
         assert m["tools/calls_per_trajectory"] > 0 and 0 < m["tools/result_token_fraction"] < 1
-        assert m["training/off_policy/trajectory_spans/max"] == 1.0
+        # a trajectory spans the versions that sampled it: one without partial rollout
+        assert 1.0 <= m["training/off_policy/trajectory_spans/max"] <= (ahead if plan.partial_rollout else 1)
+        assert m["training/off_policy/dropped_groups"] == 0.0
     assert sum(m["rollout/branches_per_prompt"] for m in history) > 0
     assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
     assert set(pd.Series(batch.non_tensor_batch["uid"]).value_counts()) == {4}

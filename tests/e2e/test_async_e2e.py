@@ -57,9 +57,9 @@ def test_a_resumed_run_reissues_the_batches_in_flight_and_keeps_the_bound(ray_se
     """A checkpoint of a colocate_async run holds the generation batch submitted ahead (its prompts were drawn, not
     trained on) and the policy version; the resumed run samples that batch again first, with the resumed weights,
     and the staleness accounting continues from the checkpoint's version."""
-    import torch
-
     import json
+
+    import torch
 
     overrides = tiny_overrides(tiny_model_dir, arithmetic_data_dir, COLOCATE, "trainer.save_freq=1",
                                f"trainer.default_local_dir={tmp_path}", f"trainer.rollout_data_dir={tmp_path / 'dump'}")

@@ -134,7 +134,8 @@ class AsyncPlan:
     strategy: drop (a group over the bound is dropped and its prompts' place refilled from the data) | wait.
     warmup_batches: generation batches sampled ahead of the update (never more than max_staleness).
     parameter_sync_step: mini-batch updates between two weight pushes to separate rollout ranks.
-    partial_rollout: in-flight requests are interrupted at a push and continued on the new weights.
+    partial_rollout: a push interrupts the trajectories in flight between two engine calls; they continue on the new
+        weights (plain sampling and the tool rounds; verl/workers/rollout/versioned.py).
     decoupled: the update is decoupled PPO (AReaL): the PPO ratio against the weights before the update (recomputed
         old log-probs, the proximal policy) and a truncated importance weight proximal / behaviour (the engine's
         log-probs), i.e. rollout_correction's token TIS, added where the config asks for no correction of its own.

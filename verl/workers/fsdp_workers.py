@@ -44,6 +44,7 @@ from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.generation import build_generator
 from verl.workers.rollout.registry import get_rollout_cls
 from verl.workers.rollout.shared import NodeSharedEngine
+from verl.workers.rollout.versioned import VersionedEngine, WeightsLock
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
@@ -71,6 +72,8 @@ class ActorRolloutRefWorker(Worker):
         # Rollout beside the update (plan.async_rl): the driver pushes the weights when no generation is in flight
         # (push_rollout_weights), not the update; the engine keeps its memory between generations.
         self._defer_push = plan.async_rl.overlaps
+        # The engine's weights and their policy version, between generation threads and the push (versioned.py).
+        self._weights = WeightsLock()
         start_rank(self, device, seed)
 
     # ------------------------------------------------------------------------------------------------- models
@@ -163,7 +166,11 @@ class ActorRolloutRefWorker(Worker):
             self.rollout = NodeSharedEngine(engine, torch.get_num_threads() * self.world_size) if shared else engine
             # On a shared engine only rank 0 runs the tool loops (and their tools); the other ranks sample plainly.
             mode = plan.rollout.generation if engine is not None else "plain"
-            self.generator = build_generator(self.rollout, self.tokenizer, self.config, self.rank, mode)
+            # Running ahead, plain sampling and the tool rounds read the weights per engine call (a push can come
+            # between two rounds of a trajectory); verl's agent loops hold them for the whole batch.
+            self._segmented = self._defer_push and mode in ("plain", "tool_rounds")
+            generating = VersionedEngine(self.rollout, self._weights) if self._segmented else self.rollout
+            self.generator = build_generator(generating, self.tokenizer, self.config, self.rank, mode)
             if self._is_actor:
                 self._sync_rollout_weights()
 
@@ -204,14 +211,19 @@ class ActorRolloutRefWorker(Worker):
         start = time.perf_counter()
         self._ensure_rollout_weights()
         self.rollout.wake_up()
-        output = self.rollout.run_in_tp_group(prompts, self._generate_for_group)
+        if self._segmented:  # each engine call stamps its tokens (VersionedEngine)
+            output = self.rollout.run_in_tp_group(prompts, self._generate_for_group)
+            if "response_policy_versions" not in output.batch:  # nothing was sampled
+                output.batch["response_policy_versions"] = torch.full_like(output.batch["response_mask"], -1,
+                                                                           dtype=torch.int32)
+        else:  # the whole call on one version of the weights: the pushes' (running ahead), else the driver's count
+            with self._weights.reading() as pushed:
+                output = self.rollout.run_in_tp_group(prompts, self._generate_for_group)
+            version = pushed if self._defer_push else int(prompts.meta_info.get("policy_version", 0))
+            mask = output.batch["response_mask"]
+            output.batch["response_policy_versions"] = torch.where(mask.bool(), version, -1).to(torch.int32)
         if self.config.rollout.free_cache_engine and not self._defer_push:
             self.rollout.sleep()
-        # The policy version of every sampled token (the driver's count of weight pushes; -1 off the mask): one
-        # span per trajectory here.
-        mask = output.batch["response_mask"]
-        version = int(prompts.meta_info.get("policy_version", 0))
-        output.batch["response_policy_versions"] = torch.where(mask.bool(), version, -1).to(torch.int32)
         seconds = elapsed(start, self.device)
         tokens = int(output.batch["response_mask"].sum())
         metrics = output.meta_info.setdefault("metrics", {})
@@ -268,10 +280,14 @@ class ActorRolloutRefWorker(Worker):
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def push_rollout_weights(self) -> float:
-        """Push the actor's weights into the rollout engine now (an overlapping run's sync point: the driver calls
-        it when no generation is in flight); the seconds it took."""
-        return self._sync_rollout_weights()
+    def push_rollout_weights(self, version: int) -> float:
+        """Push the actor's weights, policy version `version`, into the rollout engine (an overlapping run's sync
+        point): after the engine calls running now, before those that would start (versioned.WeightsLock); the
+        seconds it took, waiting included."""
+        start = time.perf_counter()
+        with self._weights.writing(version):
+            self._sync_rollout_weights()
+        return elapsed(start, self.device)
 
     # ------------------------------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -25,7 +25,7 @@ class Engines:
                 self.running.release()
         return batch_dict["id"], generate
 
-    def push(self):
+    def push(self, version):
         assert self.running.acquire(blocking=False), "a push during an engine call"
         self.running.release()
         self.weights += 1
@@ -95,3 +95,45 @@ def test_calls_wait_their_turn_and_pending_batches_are_reissued_first():
     assert set(timings) == {"timing_s/wait_rollout", "timing_s/rollout_idle", "timing_s/update_weights"}
     assert all(value >= 0 for value in timings.values())
     stream.close()
+
+
+def test_interruptible_pushes_at_once_and_trajectories_continue_on_the_new_weights():
+    """Partial rollout: the push goes between two segments of the batches in flight (a WeightsLock as on the ranks),
+    after every update, and the batches ahead generate at once; a batch's first segment's version bounds its
+    staleness, later segments may carry newer ones."""
+    from verl.workers.rollout.versioned import WeightsLock
+
+    lock, pushes, running, most = WeightsLock(), [], [0], [0]
+
+    def prepare(batch_dict):
+        def generate(version):
+            segments = []
+            for _ in range(3):  # three rounds, a tool call between them
+                with lock.reading() as seen:
+                    running[0] += 1
+                    most[0] = max(most[0], running[0])
+                    time.sleep(0.005)
+                    segments.append(seen)
+                    running[0] -= 1
+                time.sleep(0.02)
+            return segments
+        return batch_dict["id"], generate
+
+    def push(version):
+        with lock.writing(version):
+            pushes.append((version, threading.current_thread() is threading.main_thread()))
+
+    stream = RolloutStream(ahead=2, version=0, prepare=prepare, push=push, interruptible=True)
+    draw, version, spans = drawer(6), 0, []
+    while (launched := stream.next(draw)) is not None:
+        segments = launched.future.result()
+        assert segments == sorted(segments) and segments[0] >= launched.version
+        assert version - segments[0] <= 2  # the bound: two batches ahead
+        spans.append(len(set(segments)))
+        time.sleep(0.03)  # the update, while the batches ahead sample
+        version += 1
+        stream.push(version)
+    stream.close()
+    assert [v for v, _ in pushes] == [1, 2, 3, 4, 5, 6] and all(on_driver for _, on_driver in pushes)
+    assert most[0] == 2  # the two batches ahead sampled at once
+    assert max(spans) > 1  # some trajectory went on with weights pushed while it ran

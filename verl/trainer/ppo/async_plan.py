@@ -19,6 +19,12 @@ old log-probs) and pi_theta the actor being trained,
 
 which is rollout_correction's token-level truncated importance sampling (rollout_is=token, C =
 rollout_is_threshold) on top of the actor's policy loss.
+
+Partial rollout (verl's colocate_async at the sync point; the fully-async recipe's async_training.partial_rollout):
+the push of new weights goes between two engine calls of the trajectories in flight, which continue on the new
+weights, their tokens stamped with the version that sampled them (verl/workers/rollout/versioned.py); the batches
+ahead then generate at once. Without it (verl's agent loops, or partial_rollout=false) a push waits for the
+generations in flight.
 """
 
 from __future__ import annotations
@@ -46,10 +52,16 @@ def _fully_async(config: DictConfig) -> AsyncPlan | None:
     bound = math.ceil(float(recipe.staleness_threshold))
     return AsyncPlan(mode="colocate_async" if bound > 0 else "sync", max_staleness=bound,
                      strategy=config.trainer.v1.sampler.max_off_policy_strategy, warmup_batches=1,
-                     parameter_sync_step=int(recipe.trigger_parameter_sync_step), keys="async_training")
+                     partial_rollout=bool(recipe.partial_rollout), keys="async_training")
 
 
-def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool) -> AsyncPlan:
+# Generation modes whose trajectories a push can interrupt between two engine calls (verl/workers/rollout/versioned.py):
+# plain sampling (a batch is one call) and the tool rounds (one call per round). verl's agent loops hold the weights
+# for their whole batch.
+SEGMENTED_MODES = ("plain", "tool_rounds")
+
+
+def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool, generation: str = "plain") -> AsyncPlan:
     """The run's AsyncPlan, or a ConfigError naming the keys of a combination that cannot run here."""
     v1 = config.trainer.v1
     mode = v1.trainer_mode
@@ -67,8 +79,8 @@ def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool) -> Async
     elif mode == "colocate_async":
         plan = AsyncPlan(mode=mode, max_staleness=int(v1.sampler.max_off_policy_threshold),
                          strategy=v1.sampler.max_off_policy_strategy,
-                         warmup_batches=int(v1.colocate_async.num_warmup_batches),
-                         parameter_sync_step=1, keys="trainer.v1")
+                         warmup_batches=int(v1.colocate_async.num_warmup_batches), partial_rollout=True,
+                         keys="trainer.v1")
     else:
         return AsyncPlan()
     if not plan.overlaps:
@@ -93,7 +105,8 @@ def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool) -> Async
     correction = config.algorithm.get("rollout_correction")
     bypass = option(correction, "bypass_mode", "algorithm.rollout_correction")
     decoupled = not (bypass is True or bypass == "true") and not correction_enabled(correction)
-    return dataclasses.replace(plan, decoupled=decoupled)
+    return dataclasses.replace(plan, decoupled=decoupled,
+                               partial_rollout=plan.partial_rollout and generation in SEGMENTED_MODES)
 
 
 def old_log_probs_for_stale_data(config: DictConfig) -> str:

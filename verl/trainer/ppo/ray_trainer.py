@@ -182,8 +182,9 @@ class RayPPOTrainer:
         worker_cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=role,
                                           seed=cfg.trainer.seed, **common)
         worker_cls.own_process = plan.rollout.engine in PROCESS_BOUND_ENGINES
-        if plan.async_rl.overlaps:  # a generation and the update at once, in two threads of each rank's process
-            worker_cls.update_options({"max_concurrency": 2})
+        if plan.async_rl.overlaps:  # generations, the update and a push at once, in threads of each rank's process
+            generations = plan.async_rl.ahead if plan.async_rl.partial_rollout else 1
+            worker_cls.update_options({"max_concurrency": generations + 2})
         self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, name_prefix="actor_rollout",
                                                device=self.device, sequence_parallel=plan.actor.sequence_parallel)
         self.critic_wg = self.rm_wg = None
@@ -618,8 +619,11 @@ class RayPPOTrainer:
                           default_backend=cfg.trainer.logger, config=OmegaConf.to_container(cfg, resolve=True),
                           run_dir=self.checkpoint_root, resume_step=self.global_steps + 1 if self.global_steps else None)
         if self.plan.async_rl.overlaps:
+            if self.actor_version:  # the resumed weights the load pushed are this version
+                self.actor_rollout_wg.push_rollout_weights(self.actor_version)
             self._stream = RolloutStream(self.plan.async_rl.ahead, self.actor_version, self._launch_rollout,
-                                         self.actor_rollout_wg.push_rollout_weights)
+                                         self.actor_rollout_wg.push_rollout_weights,
+                                         interruptible=self.plan.async_rl.partial_rollout)
             self._stream.reissue(self._pending_rollouts)
         try:
             return self._train_loop(logger)

@@ -9,6 +9,10 @@ submitted, so it samples the pushed weights. A generation therefore samples with
 it (its `version`), and a batch trained by the update after u pushes is u - version policy versions stale: at most
 `ahead`, the plan's bound (AsyncPlan.ahead). Validation and other engine calls (`call`) wait their turn the same way.
 
+With partial rollout (`interruptible`), the ranks take a push between two engine calls of a generation in flight
+(verl/workers/rollout/versioned.py): the push runs as soon as the update is done, the batches ahead run at once (one
+engine thread each) and go on with the new weights, each token stamped with the version that sampled it.
+
 On the ranks, the generation and the update run in two threads of the rank's process (the worker hosts take two
 calls at a time); the HF engine holds its own copy of the weights, which only the push writes, and runs no
 collective.
@@ -37,15 +41,21 @@ class Launched:
 
 class RolloutStream:
     """Generation batches submitted ahead (see the module docstring). `prepare(batch_dict)` runs in the driver's
-    thread and returns (prepared, generate), `generate(version)` then runs on the engine thread; `push()` pushes the
-    actor's weights into the engines."""
+    thread and returns (prepared, generate), `generate(version)` then runs on an engine thread; `push(version)`
+    pushes the actor's weights into the engines.
+
+    interruptible: the ranks take a push between two engine calls of a generation in flight (partial rollout,
+    verl/workers/rollout/versioned.py): the push then does not wait for the batches ahead, which run at once, one
+    engine thread each."""
 
     def __init__(self, ahead: int, version: int, prepare: Callable[[dict], tuple[Any, Callable[[int], Any]]],
-                 push: Callable[[], float]):
+                 push: Callable[[int], Any], interruptible: bool = False):
         self.ahead = ahead
         self.version = version  # the weights the next submitted generation samples with
+        self.interruptible = interruptible
         self._prepare, self._push = prepare, push
-        self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-calls")
+        self._engine = ThreadPoolExecutor(max_workers=max(1, ahead) if interruptible else 1,
+                                          thread_name_prefix="engine-calls")
         self._queue: deque[Launched] = deque()
         self._pending_push: int | None = None  # the version of an update not yet pushed
         self._reissue: deque[dict] = deque()
@@ -71,11 +81,12 @@ class RolloutStream:
         """The pending push, once the engines are idle, on the caller's (the driver's) thread."""
         if self._pending_push is None:
             return
+        if not self.interruptible:
+            start = time.perf_counter()
+            self._idle()
+            self.trainer_wait_s += time.perf_counter() - start
         start = time.perf_counter()
-        self._idle()
-        self.trainer_wait_s += time.perf_counter() - start
-        start = time.perf_counter()
-        self._push()
+        self._push(self._pending_push)
         self.push_s += time.perf_counter() - start
         self._busy_until = time.perf_counter()
         self.version, self._pending_push = self._pending_push, None
@@ -120,7 +131,7 @@ class RolloutStream:
         start = time.perf_counter()
         launched.future.result()
         self.trainer_wait_s += time.perf_counter() - start
-        if self._pending_push is not None and not self._queue:
+        if self._pending_push is not None and (self.interruptible or not self._queue):
             self._run_push()
         if self._pending_push is None:
             self._top_up(draw, self.ahead)
@@ -150,5 +161,5 @@ class RolloutStream:
         self._queue.clear()
         self._engine.shutdown(wait=True, cancel_futures=True)
         if self._pending_push is not None:
-            self._push()
+            self._push(self._pending_push)
             self.version, self._pending_push = self._pending_push, None

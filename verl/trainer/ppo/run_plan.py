@@ -230,7 +230,7 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
     critic_model, rm_model = config.critic.model, config.reward_model.model
     generation = generation_mode(rollout)
     shared_engine = share_cpu_engine(rollout.share_cpu_engine, engine, device, trainer.nnodes, ranks, actor_parameters)
-    async_rl = plan_async(config, engine, shared_engine and rollout.share_cpu_engine is not None)
+    async_rl = plan_async(config, engine, shared_engine and rollout.share_cpu_engine is not None, generation)
     if async_rl.overlaps:  # an engine per rank, each sampling in a thread of its own beside the update
         shared_engine = False
     return RunPlan(

@@ -88,6 +88,8 @@ class CompletionOutput:
     stop_reason: the stop string matched, the stop token id matched from `stop_token_ids`, or None (EOS or length).
     top_log_probs: with `SamplingParams.logprobs=k`, per token the log-probs of the top-k tokens plus the sampled
     token's when it is not among them (k or k + 1 values); else None.
+    policy_version: the version of the weights that sampled it, where the caller counts them (versioned.py); None
+    otherwise.
     """
 
     token_ids: list[int]
@@ -96,6 +98,7 @@ class CompletionOutput:
     finish_reason: str
     stop_reason: str | int | None
     top_log_probs: list[list[float]] | None = None
+    policy_version: int | None = None
 
 
 class RolloutEngine(ABC):

@@ -60,19 +60,23 @@ def generate_sequences(
         prompts, [o.token_ids for o in outputs], response_length, pad_token_id, eos_token_id=eos_token_id,
         log_probs=[o.log_probs for o in outputs], entropies=[o.entropies for o in outputs],
         extra_non_tensors={"finish_reason": [o.finish_reason for o in outputs],
-                           "stop_reason": [o.stop_reason for o in outputs]})
+                           "stop_reason": [o.stop_reason for o in outputs]},
+        versions=[[o.policy_version] * len(o.token_ids) for o in outputs]
+        if all(o.policy_version is not None for o in outputs) else None)
 
 
 def layout_responses(prompts: DataProto, responses: list[list[int]], response_length: int, pad_token_id: int,
                      log_probs: list[list[float]], entropies: list[list[float]], extra_non_tensors: dict,
                      response_mask: list[list[int]] | None = None,
-                     eos_token_id: int | list[int] | None = None) -> DataProto:
+                     eos_token_id: int | list[int] | None = None,
+                     versions: list[list[int]] | None = None) -> DataProto:
     """The one layout step of every way of generating (plain sampling, the tool rounds, verl's agent loops): each
     row's response token ids, loss mask, log-probs and entropies as lists, right padded to `response_length`, then
     `layout_rollout_batch` with `prompts` (one row per response). Every response token is attended;
     `response_mask` (1 on tokens that train, 0 on tool results) defaults to all of them up to and including the first
     EOS (`eos_token_id`: the cut guards against an engine that returns tokens past EOS). Log-probs and entropies are
-    0 where the mask is."""
+    0 where the mask is. `versions`: per token the policy version that sampled it (versioned.py), laid out as
+    `response_policy_versions` (-1 off the mask)."""
     device = prompts.batch["input_ids"].device
 
     def pad(rows, value, dtype):
@@ -87,10 +91,14 @@ def layout_responses(prompts: DataProto, responses: list[list[int]], response_le
         mask = mask.to(mask_dtype)
     else:
         mask = pad(response_mask, 0, mask_dtype)
-    return layout_rollout_batch(
+    batch = layout_rollout_batch(
         prompts, padded, attended if response_mask is not None else mask, mask,
         log_probs=pad(log_probs, 0.0, torch.float32) * mask, entropys=pad(entropies, 0.0, torch.float32) * mask,
         extra_non_tensors=extra_non_tensors, pad_token_id=pad_token_id)
+    if versions is not None:
+        batch.batch["response_policy_versions"] = torch.where(mask.bool(), pad(versions, -1, torch.int32), -1).to(
+            torch.int32)
+    return batch
 
 
 def layout_rollout_batch(prompts: DataProto, responses: torch.Tensor, attended: torch.Tensor,

@@ -161,7 +161,7 @@ class ToolRoundLoop:
         branch_points, calls = [], []
         for traj, out in zip(active, outputs):
             prefix_len = len(traj.response)
-            traj.extend(out.token_ids, out.log_probs, out.entropies, mask=1)
+            traj.extend(out.token_ids, out.log_probs, out.entropies, mask=1, version=out.policy_version)
             if self.measure_entropy:
                 h = segment_entropy(out, self.config, self.vocab_size)
                 traj.segment_entropies.append(h)
@@ -279,4 +279,6 @@ def assemble_batch(prompts: DataProto, groups: list[list[Trajectory]], n: int, r
         response_mask=[t.mask for t in trajectories], log_probs=[t.log_probs for t in trajectories],
         entropies=[t.entropies for t in trajectories],
         extra_non_tensors={"finish_reason": [t.finish_reason for t in trajectories],
-                           "tool_calls": [t.calls for t in trajectories]})
+                           "tool_calls": [t.calls for t in trajectories]},
+        versions=[t.versions for t in trajectories] if any(v >= 0 for t in trajectories for v in t.versions)
+        else None)

@@ -13,6 +13,8 @@ class Trajectory:
     mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
+    # Per response token, the policy version that sampled it (-1: a tool result, or weights no one counts).
+    versions: list[int] = field(default_factory=list)
     calls: int = 0  # tool calls made
     h_init: float | None = None  # its first segment's entropy (ARPO, branching.py); branches inherit it
     after_tool: bool = False  # the next segment starts right after a tool result: a branch point
@@ -32,11 +34,13 @@ class Trajectory:
         result, with its counters; it does not branch again at the point it starts from (after_tool false)."""
         cut = len(self.response) if prefix_len is None else prefix_len
         return replace(self, origin=origin, response=self.response[:cut], mask=self.mask[:cut],
-                       log_probs=self.log_probs[:cut], entropies=self.entropies[:cut],
+                       log_probs=self.log_probs[:cut], entropies=self.entropies[:cut], versions=self.versions[:cut],
                        segment_entropies=list(self.segment_entropies), after_tool=False, finish_reason="length")
 
-    def extend(self, tokens: list[int], log_probs: list[float], entropies: list[float], mask: int) -> None:
+    def extend(self, tokens: list[int], log_probs: list[float], entropies: list[float], mask: int,
+               version: int | None = None) -> None:
         self.response.extend(tokens)
         self.mask.extend([mask] * len(tokens))
         self.log_probs.extend(log_probs)
         self.entropies.extend(entropies)
+        self.versions.extend([-1 if version is None else version] * len(tokens))
