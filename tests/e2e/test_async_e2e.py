@@ -12,12 +12,17 @@ pytestmark = pytest.mark.e2e
 COLOCATE = "trainer.v1.trainer_mode=colocate_async"
 
 
+@pytest.mark.parametrize("mini_batch, proximal", [(4, "recompute"), (8, "update")])
 def test_colocate_async_trains_one_version_stale_with_decoupled_ppo(ray_session, tiny_model_dir, arithmetic_data_dir,
-                                                                    tmp_path):
+                                                                    tmp_path, mini_batch, proximal):
+    """Two mini-batches: the proximal log-probs are recomputed before the update and rollout_correction's token TIS
+    weighs the loss; one mini-batch: the update's own forward pass is the proximal policy and makes the weight."""
     trainer, history, before, after, _ = fit_trainer(
         tiny_overrides(tiny_model_dir, arithmetic_data_dir, COLOCATE, "trainer.total_training_steps=4",
+                       f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
                        f"trainer.default_local_dir={tmp_path}"), tiny_model_dir)
-    assert trainer.plan.async_rl.overlaps and trainer.plan.old_log_prob_source == "recompute"
+    assert trainer.plan.async_rl.overlaps and trainer.plan.async_rl.proximal == proximal
+    assert trainer.plan.old_log_prob_source == {"recompute": "recompute", "update": "actor"}[proximal]
     assert [m["training/global_step"] for m in history] == [1, 2, 3, 4]
     # Step 1 trains the batch sampled with the initial weights; each later one a batch sampled with the weights of
     # the update before the previous (the push waits for the generation in flight): one version stale, one span.
@@ -29,11 +34,15 @@ def test_colocate_async_trains_one_version_stale_with_decoupled_ppo(ray_session,
     for m in history:
         for key in ("actor/pg_loss", "actor/grad_norm", "timing_s/wait_rollout", "timing_s/rollout_idle"):
             assert math.isfinite(m[key]), (key, m[key])
-    # Decoupled PPO: token TIS against the engine that sampled (rollout_corr/* measured, the weights applied).
-    assert all("rollout_corr/rollout_is_mean" in m for m in history)
-    # On-policy step 1: the engine's log-probs are the actor's; stale steps: the proximal policy moved away.
-    assert history[0]["rollout_corr/kl"] == pytest.approx(0.0, abs=1e-5)
-    assert all(abs(m["rollout_corr/kl"]) > 1e-6 for m in history[1:])
+    if proximal == "recompute":  # token TIS against the engine that sampled (rollout_corr/* measured, applied)
+        assert all("rollout_corr/rollout_is_mean" in m for m in history)
+        # On-policy step 1: the engine's log-probs are the actor's; stale steps: the proximal policy moved away.
+        assert history[0]["rollout_corr/kl"] == pytest.approx(0.0, abs=1e-5)
+        assert all(abs(m["rollout_corr/kl"]) > 1e-6 for m in history[1:])
+    else:  # no old-log-prob pass; the update weighs its tokens: 1 on the on-policy step, not 1 after
+        assert all(m["actor/old_log_prob_recomputed"] == 0.0 for m in history)
+        assert history[0]["actor/decoupled_is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+        assert all(abs(m["actor/decoupled_is_weight_mean"] - 1.0) > 1e-5 for m in history[1:])
     assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
 
 

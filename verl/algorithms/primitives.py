@@ -79,6 +79,14 @@ def clamped_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> tor
     return torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
 
 
+def truncated_is_weights(proximal_log_prob: torch.Tensor, behaviour_log_prob: torch.Tensor,
+                         response_mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Decoupled PPO's per-token importance weight, detached: w_t = min(pi_prox(y_t) / pi_behav(y_t), C), the log
+    ratio clamped to [-20, 20]; 0 off the mask. `(bs, L)` each."""
+    log_rho = clamped_log_ratio(proximal_log_prob.detach(), behaviour_log_prob)
+    return torch.clamp(log_rho.exp(), max=threshold) * response_mask
+
+
 def apply_rollout_is_weights(pg_losses: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
     """The per-token losses times the rollout importance-sampling weights `(bs, L)`, when the caller passes them."""
     return pg_losses if rollout_is_weights is None else pg_losses * rollout_is_weights

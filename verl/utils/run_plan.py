@@ -136,9 +136,12 @@ class AsyncPlan:
     parameter_sync_step: mini-batch updates between two weight pushes to separate rollout ranks.
     partial_rollout: a push interrupts the trajectories in flight between two engine calls; they continue on the new
         weights (plain sampling and the tool rounds; verl/workers/rollout/versioned.py).
-    decoupled: the update is decoupled PPO (AReaL): the PPO ratio against the weights before the update (recomputed
-        old log-probs, the proximal policy) and a truncated importance weight proximal / behaviour (the engine's
-        log-probs), i.e. rollout_correction's token TIS, added where the config asks for no correction of its own.
+    decoupled: the update is decoupled PPO (AReaL): the PPO ratio against the weights before the update (the
+        proximal policy) and a truncated importance weight proximal / behaviour (the engine's log-probs), i.e.
+        rollout_correction's token TIS, added where the config asks for no correction of its own.
+    proximal: where decoupled PPO's proximal log-probs come from: "recompute" (the old-log-prob pass) or "update"
+        (an on-policy-shaped update, one epoch and one mini-batch: its own forward pass, detached, which is the
+        weights before the update; the weight is then made in the update and the pass is skipped).
     keys: the config section that set the mode, for messages.
     """
 
@@ -149,6 +152,7 @@ class AsyncPlan:
     parameter_sync_step: int = 1
     partial_rollout: bool = False
     decoupled: bool = False
+    proximal: str = "recompute"
     keys: str = "trainer.v1.trainer_mode"
 
     @property

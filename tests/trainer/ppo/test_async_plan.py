@@ -114,3 +114,18 @@ def test_engines_that_cannot_sample_beside_the_update_are_refused_with_the_reaso
     with pytest.raises(ConfigError) as err:
         plan_async(load_config(overrides=[COLOCATE]), engine, share_cpu_engine=False)
     assert why in str(err.value) and "rollout.name=hf" in str(err.value)
+
+
+def test_an_on_policy_shaped_update_is_its_own_proximal_policy():
+    """One epoch, one mini-batch: the weights before the update are the update's own forward pass, so decoupled PPO
+    needs no old-log-prob pass; the update makes the importance weight itself."""
+    from verl.trainer.ppo.async_plan import decoupled_threshold
+
+    one_mini_batch = "actor_rollout_ref.actor.ppo_mini_batch_size=16"
+    p = plan(COLOCATE, one_mini_batch)
+    assert (p.old_log_prob_source, p.async_rl.proximal) == ("actor", "update")
+    cfg = load_config(overrides=[COLOCATE, one_mini_batch, "algorithm.rollout_correction.rollout_is_threshold=3.0"])
+    assert effective_correction(cfg, p.async_rl).rollout_is is None  # not also applied before the update
+    assert decoupled_threshold(cfg, p.async_rl) == 3.0
+    assert plan(COLOCATE).async_rl.proximal == "recompute"  # several mini-batches: the pass runs
+    assert decoupled_threshold(cfg, plan(COLOCATE).async_rl) is None

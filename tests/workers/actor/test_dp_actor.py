@@ -496,3 +496,46 @@ def test_a_bf16_reference_gives_the_kl_of_the_float32_one_within_bf16_rounding()
     for kind in ("low_var_kl", "kl"):
         kl32, kl16 = (kl_penalty(log_prob, ref, kind)[mask].mean().item() for ref in (ref32, ref16))
         assert kl16 == pytest.approx(kl32, abs=0.01), kind
+
+
+
+@pytest.mark.parametrize("overrides", [{}, {"ppo_micro_batch_size_per_gpu": 2}])
+def test_decoupled_weights_made_in_the_update_equal_the_ones_made_before_it(overrides):
+    """An on-policy-shaped update without old log-probs and with meta_info decoupled_is_threshold=C makes decoupled
+    PPO's weight w = min(pi_prox / pi_behav, C) from its own detached log-probs (the weights before the update): the
+    update the recomputed log-probs and the weights made before the update give."""
+    from verl.algorithms.primitives import truncated_is_weights
+
+    model = _model()
+    data = _batch(model)
+    mask = data.batch["response_mask"]
+    actor = _actor(_config(**overrides), model)
+    proximal, _ = actor.compute_log_prob(data)
+    torch.manual_seed(2)
+    behaviour = (proximal + 0.4 * torch.randn_like(proximal)) * mask  # the engine that sampled, some versions back
+    weights = truncated_is_weights(proximal, behaviour, mask, 1.5)
+    assert 0 < float(weights[mask.bool()].min()) and float(weights.max()) == 1.5  # some weights truncated
+    tensors = {k: v for k, v in data.batch.items() if k != "old_log_probs"}
+    before = DataProto.from_dict(tensors={**tensors, "old_log_probs": proximal, "rollout_is_weights": weights},
+                                 meta_info=data.meta_info)
+    inside = DataProto.from_dict(tensors={**tensors, "rollout_log_probs": behaviour},
+                                 meta_info={**data.meta_info, "decoupled_is_threshold": 1.5})
+    model_a, metrics_a = _update(model, before, **overrides)
+    model_b, metrics_b = _update(model, inside, **overrides)
+    assert metrics_a["actor/pg_loss"] == pytest.approx(metrics_b["actor/pg_loss"], abs=1e-6)
+    assert any((p - q).abs().max() > 1e-4 for p, q in zip(model.parameters(), model_b.parameters()))
+    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+    means = metrics_b["actor/decoupled_is_weight_mean"]  # one per micro-batch
+    assert all(0 < m <= 1.5 for m in means)
+    if not overrides:
+        assert means == [pytest.approx(float(weights.sum() / mask.sum()), rel=1e-5)]
+
+
+def test_truncated_is_weights_by_hand():
+    from verl.algorithms.primitives import truncated_is_weights
+
+    proximal = torch.log(torch.tensor([[0.5, 0.4, 0.9]]))
+    behaviour = torch.log(torch.tensor([[0.25, 0.4, 0.3]]))
+    weights = truncated_is_weights(proximal, behaviour, torch.tensor([[1, 1, 0]]), threshold=1.5)
+    torch.testing.assert_close(weights, torch.tensor([[1.5, 1.0, 0.0]]))  # 2 truncated to 1.5; masked: 0

@@ -66,6 +66,18 @@ def test_formatting_and_query_normalisation():
     assert normalize_query('the "x"y') == "the xy"  # `"` removed as in the reference
 
 
+def test_a_latency_makes_each_answer_wait_before_the_same_result(corpus, monkeypatch):
+    import verl.workers.tools.search_tool as search_tool
+
+    waits = []
+    monkeypatch.setattr(search_tool.time, "sleep", waits.append)
+    slow, quick = SearchTool(corpus_path=corpus, latency_s=0.5), SearchTool(corpus_path=corpus)
+    assert slow.execute("capital of Veltria") == quick.execute("capital of Veltria")
+    assert waits == [0.5]
+    with pytest.raises(ValueError, match="latency_s=-1"):
+        SearchTool(corpus_path=corpus, latency_s=-1)
+
+
 def test_bad_params_are_named(tmp_path, corpus):
     with pytest.raises(ValueError, match="corpus_path=None is not a file"):
         SearchTool()

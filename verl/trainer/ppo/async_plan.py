@@ -109,16 +109,33 @@ def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool, generati
                                partial_rollout=plan.partial_rollout and generation in SEGMENTED_MODES)
 
 
-def old_log_probs_for_stale_data(config: DictConfig) -> str:
-    """Where an overlapping run's update takes its old log-probs: the rollout's with bypass_mode=true (PPO against
-    the behaviour policy, verl's fully-async default), else the actor's recomputation (the proximal policy)."""
+def stale_data_source(config: DictConfig, synchronous_source: str, plan: AsyncPlan) -> tuple[str, AsyncPlan]:
+    """Where an overlapping run's update takes its old log-probs, and the plan with decoupled PPO's proximal source.
+
+    bypass_mode=true: the rollout's (PPO against the behaviour policy, verl's fully-async default). Decoupled PPO
+    with an update the synchronous trainer would run without the pass (`synchronous_source` "actor": one epoch, one
+    mini-batch, nothing reading old log-probs before it): the update's own forward pass is the proximal policy.
+    Otherwise the actor's recomputation."""
     bypass = option(config.algorithm.get("rollout_correction"), "bypass_mode", "algorithm.rollout_correction")
-    return "rollout" if bypass is True or bypass == "true" else "recompute"
+    if bypass is True or bypass == "true":
+        return "rollout", plan
+    if plan.decoupled and synchronous_source == "actor":
+        return "actor", dataclasses.replace(plan, proximal="update")
+    return "recompute", plan
 
 
 def effective_correction(config: DictConfig, plan: AsyncPlan):
-    """The rollout_correction node the step applies: the config's, with token TIS added for decoupled PPO."""
+    """The rollout_correction node the step applies: the config's, with token TIS added for decoupled PPO whose
+    proximal log-probs are recomputed (with proximal "update" the update makes the weight itself)."""
     correction = config.algorithm.get("rollout_correction")
-    if not plan.decoupled:
+    if not plan.decoupled or plan.proximal == "update":
         return correction
     return OmegaConf.merge(correction or {}, {"rollout_is": "token"})
+
+
+def decoupled_threshold(config: DictConfig, plan: AsyncPlan) -> float | None:
+    """C of the importance weight the update makes itself (proximal "update"), else None."""
+    if plan.proximal != "update":
+        return None
+    return float(option(config.algorithm.get("rollout_correction"), "rollout_is_threshold",
+                        "algorithm.rollout_correction"))

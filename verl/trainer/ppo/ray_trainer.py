@@ -22,7 +22,7 @@ from tqdm import tqdm
 from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.async_plan import effective_correction
+from verl.trainer.ppo.async_plan import decoupled_threshold, effective_correction
 from verl.trainer.ppo.batch_filters import build_batch_filter
 from verl.trainer.ppo.filters import overlong_filter, truncate_to_multiple
 from verl.trainer.ppo.guards import SkippedStepGuard, check_reward_failures
@@ -134,6 +134,7 @@ class RayPPOTrainer:
         self._pending_rollouts: list[dict] = []  # a checkpoint's generation batches not yet trained on
         # algorithm.rollout_correction, with decoupled PPO's token TIS where the plan asks for it (async_plan.py).
         self.rollout_correction = effective_correction(config, plan.async_rl)
+        self.decoupled_c = decoupled_threshold(config, plan.async_rl)  # the update makes decoupled PPO's weight
         # Which generated groups a step keeps and whether it generates more (Archer, DAPO, RLPR; batch_filters.py).
         self.batch_filter = build_batch_filter(config)
         self.skipped_step_guard = SkippedStepGuard(config)  # trainer.max_skipped_steps_in_row (guards.py)
@@ -497,6 +498,8 @@ class RayPPOTrainer:
                 # The HF engine's entropies are the actor's (full vocabulary, same weights): keep actor/entropy.
                 batch.batch["entropys"] = batch.batch["rollout_entropys"]
             batch.meta_info["old_log_prob_source"] = source
+            if self.decoupled_c is not None:
+                batch.meta_info["decoupled_is_threshold"] = self.decoupled_c
             metrics["actor/old_log_prob_recomputed"] = float(source == "recompute")
         if self.use_reference_policy:
             with _timer(Phase.REF.timer, timing):

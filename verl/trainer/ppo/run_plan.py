@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from verl.algorithms import build_actor_objective
 from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.async_plan import old_log_probs_for_stale_data, plan_async
+from verl.trainer.ppo.async_plan import plan_async, stale_data_source
 from verl.trainer.ppo.config_rules import check_topology, critic_enabled
 from verl.trainer.ppo.rollout_corr_helper import correction_enabled
 from verl.trainer.ppo.topology import Topology, plan_topology
@@ -231,8 +231,10 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
     generation = generation_mode(rollout)
     shared_engine = share_cpu_engine(rollout.share_cpu_engine, engine, device, trainer.nnodes, ranks, actor_parameters)
     async_rl = plan_async(config, engine, shared_engine and rollout.share_cpu_engine is not None, generation)
+    source = old_log_prob_source(config, engine, device)
     if async_rl.overlaps:  # an engine per rank, each sampling in a thread of its own beside the update
         shared_engine = False
+        source, async_rl = stale_data_source(config, source, async_rl)
     return RunPlan(
         device=device,
         nnodes=trainer.nnodes,
@@ -267,8 +269,7 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
                                                                 varying_batches=generation == "agent_loops"),
             hf_engine_dtype=hf_engine_dtype(rollout, device, actor_compute), seed=rollout.seed,
             tensor_parallel=rollout.tensor_model_parallel_size),
-        old_log_prob_source=(old_log_probs_for_stale_data(config) if async_rl.overlaps
-                             else old_log_prob_source(config, engine, device)),
+        old_log_prob_source=source,
         update_needs_entropy=build_actor_objective(actor).needs_entropy,
         use_reference_policy=bool(actor.use_kl_loss or algorithm.use_kl_in_reward),
         use_critic=use_critic,

@@ -17,7 +17,7 @@ import torch
 
 from verl.algorithms import build_actor_objective
 from verl.algorithms.kl import kl_penalty
-from verl.algorithms.primitives import compute_entropy_loss
+from verl.algorithms.primitives import compute_entropy_loss, truncated_is_weights
 from verl.protocol import DataProto
 from verl.utils.config import option
 from verl.utils.fsdp_utils import clip_grad_and_step, count_skipped_steps, reshard_all
@@ -32,7 +32,7 @@ from verl.utils.packing import (
 )
 from verl.utils.run_plan import MicroBatches, UpdateBatches
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
-from verl.utils.torch_functional import LOGITS_CHUNK, logprobs_and_entropy
+from verl.utils.torch_functional import LOGITS_CHUNK, logprobs_and_entropy, masked_mean
 from verl.utils.ulysses import ulysses_forward
 from verl.workers.ppo_batches import ppo_mini_batches
 
@@ -338,6 +338,12 @@ class DataParallelPPOActor:
         # Without old log-probs the update must be on-policy (one epoch, one mini-batch): the old policy is then the
         # current one, and its log-probs are this forward pass's, detached (see old_log_prob_source in run_plan).
         has_old = "old_log_probs" in data.batch.keys()
+        # Decoupled PPO with the proximal policy = the weights before this update = this forward pass's (detached):
+        # the importance weight proximal / behaviour is made here, per micro-batch (async_plan.py).
+        decoupled_c = data.meta_info.get("decoupled_is_threshold")
+        in_update_weights = decoupled_c is not None and not has_is_weights and not has_old
+        if in_update_weights:
+            keys.append("rollout_log_probs")
         if has_old:
             keys.append("old_log_probs")
         elif cfg.ppo_epochs != 1 or self.batches is None or len(data) > self.batches.mini_batch:
@@ -354,13 +360,18 @@ class DataParallelPPOActor:
                     entropy, log_prob, _ = self._forward_micro_batch(micro_batch, temperature,
                                                                      objective.needs_entropy)
                 token_entropy = entropy.detach() if entropy is not None else None
+                is_weights = micro_batch["rollout_is_weights"] if has_is_weights else None
+                if in_update_weights:
+                    is_weights = truncated_is_weights(log_prob, micro_batch["rollout_log_probs"], mask,
+                                                      float(decoupled_c))
+                    metrics["actor/decoupled_is_weight_mean"].append(masked_mean(is_weights, mask).item())
                 pg_loss, pg_metrics = objective.policy_loss(
                     old_log_prob=micro_batch["old_log_probs"] if has_old else log_prob.detach(),
                     log_prob=log_prob,
                     advantages=objective.advantages(micro_batch["advantages"], token_entropy, mask),
                     response_mask=mask,
                     entropy=token_entropy,
-                    rollout_is_weights=micro_batch["rollout_is_weights"] if has_is_weights else None,
+                    rollout_is_weights=is_weights,
                 )
                 loss = pg_loss
                 if cfg.entropy_coeff != 0:

@@ -18,6 +18,7 @@ and one line in `build_generator`.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -62,8 +63,11 @@ class ToolRounds:
         self.tokenizer, self.response_length = tokenizer, int(rollout_config.response_length)
 
     def generate(self, prompts: DataProto, params: SamplingParams, n: int, validate: bool) -> DataProto:
-        return self.loop.generate_sequences(prompts, n=n, params=params, response_length=self.response_length,
-                                            pad_token_id=pad_id(self.tokenizer), branching=not validate)
+        # A shallow copy per call: what a call sets on the loop (branching on or off, its draws) stays its own when
+        # calls run at once (generation ahead of the update, rollout_stream.py); engine, tools and RNG are shared.
+        loop = copy.copy(self.loop)
+        return loop.generate_sequences(prompts, n=n, params=params, response_length=self.response_length,
+                                       pad_token_id=pad_id(self.tokenizer), branching=not validate)
 
     def close(self) -> None:
         if self.loop.tools is not None:

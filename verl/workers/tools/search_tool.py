@@ -23,12 +23,14 @@ Params: backend, corpus_path, api_key, zone, endpoint, location, request_timeout
 BingSearchTool 10), result_length (1000 characters per snippet), cache_file, cache_refresh_interval (15 s),
 async_cache_write (accepted for the reference's YAML files; saving is synchronous, see JsonCache.put), summary
 (null: snippets only), summary_pages (3), summary_max_tokens (1024), page_timeout_s (10), page_max_bytes (2 MB),
-page_chars (8000).
+page_chars (8000), latency_s (0: each answer waits this long first, as a remote SERP API's 0.5-3 s would; for
+benchmarks of the rollout's waits on the local backend).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from verl.utils.json_cache import JsonCache, key_of
@@ -87,13 +89,17 @@ class SearchTool(BaseTool):
                  request_timeout_s: float = 60.0, max_results: int = 5, result_length: int = 1000,
                  cache_file: str | None = None, cache_refresh_interval: float = 15.0, async_cache_write: Any = None,
                  summary: dict | None = None, summary_pages: int = 3, summary_max_tokens: int = 1024,
-                 page_timeout_s: float = 10.0, page_max_bytes: int = 2_000_000, page_chars: int = 8000):
+                 page_timeout_s: float = 10.0, page_max_bytes: int = 2_000_000, page_chars: int = 8000,
+                 latency_s: float = 0.0):
         if max_results < 1 or result_length < 1:
             raise ValueError(f"search tool: max_results={max_results} and result_length={result_length} must be >= 1")
         if min(summary_pages, summary_max_tokens, page_max_bytes, page_chars) < 1 or page_timeout_s <= 0:
             raise ValueError(f"search tool: summary_pages={summary_pages}, summary_max_tokens={summary_max_tokens}, "
                              f"page_max_bytes={page_max_bytes} and page_chars={page_chars} must be >= 1 and "
                              f"page_timeout_s={page_timeout_s} > 0")
+        if latency_s < 0:
+            raise ValueError(f"search tool: latency_s={latency_s} must be >= 0")
+        self.latency_s = float(latency_s)
         if backend == "bm25":
             self.backend = BM25Backend(corpus_path)
         elif backend == "http":
@@ -121,6 +127,8 @@ class SearchTool(BaseTool):
         query = normalize_query(content)
         if not query:
             raise ToolError("the search query is empty")
+        if self.latency_s:
+            time.sleep(self.latency_s)
         if self.summarizer is not None:
             return self._summary(query)
         if self.cache is not None and (hit := self.cache.get(query)) is not None:
