@@ -11,7 +11,8 @@ tool rounds with branching (beam 2) on 2 CPU ranks train `--steps` steps in each
 
 - sync: generate a batch, then train on it;
 - colocate_async (1 ahead): trainer.v1.trainer_mode=colocate_async, the next batch sampling while this one trains;
-- colocate_async (2 ahead): num_warmup_batches=2, two batches sampling at once, partial rollout at each push.
+- colocate_async (2 ahead, 4 ahead): num_warmup_batches=2 (4), that many batches sampling at once, partial rollout
+  at each push.
 
 Reported per mode and seed: trained samples per second of training (the steps' wall time, validation excluded) and
 its ratio to sync's, measured in this run; the held-out reward (mean@1 on the test split) after the last step; the
@@ -35,6 +36,7 @@ MODES = {
     "sync": [],
     "colocate_async_1": ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=1"],
     "colocate_async_2": ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=2"],
+    "colocate_async_4": ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=4"],
 }
 SEARCH_SOURCE = "deep_research"
 
@@ -49,7 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step (data.train_batch_size)")
     parser.add_argument("--n", type=int, default=4, help="trajectories per prompt")
     parser.add_argument("--sft-steps", type=int, default=300)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--replot", action="store_true", help="table and plot of the runs already in --out")
+    parser.add_argument("--modes", nargs="+", default=["sync", "colocate_async_1", "colocate_async_2"],
+                        choices=list(MODES))
     return parser.parse_args(argv)
 
 
@@ -122,40 +126,66 @@ def summarise(args: argparse.Namespace, result: dict) -> dict:
 
 
 def plot(args: argparse.Namespace, results: dict) -> str:
+    """Two panels against training wall-clock (validation excluded), one line per mode (the mean over seeds at each
+    step): the training reward of each step's batch, and the held-out reward at each validation."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for (mode, seed), result in results.items():
-        clock, xs, ys = 0.0, [0.0], []
-        for m in result["steps"]:
-            clock += m.get("timing_s/step", 0.0)
-            value = next((v for k, v in m.items() if k.startswith("val-core/")), None)
-            if value is not None:
-                xs.append(clock)
-                ys.append(value)
-        xs = xs[-len(ys):] if ys else []
-        ax.plot(xs, ys, marker="o", label=f"{mode} (seed {seed})", alpha=0.8)
-    ax.set_xlabel("training wall-clock (s, validation excluded)")
-    ax.set_ylabel("held-out reward (mean@1)")
-    ax.set_title(f"ARPO search task, search latency {args.latency:g} s, 2 CPU ranks")
-    ax.legend(fontsize=7)
+    fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode in dict.fromkeys(mode for mode, _ in results):
+        runs = [result["steps"] for (m, _), result in results.items() if m == mode]
+        clocks, train, val_x, val_y = [], [], {}, {}
+        for steps in runs:
+            clock, xs, ys = 0.0, [], []
+            for m in steps:
+                clock += m.get("timing_s/step", 0.0)
+                if "critic/score/mean" in m:
+                    xs.append(clock)
+                    ys.append(m["critic/score/mean"])
+                for key, value in m.items():
+                    if key.startswith("val-core/"):
+                        step = m.get("training/global_step", 0)
+                        val_x.setdefault(step, []).append(clock)
+                        val_y.setdefault(step, []).append(value)
+            clocks.append(xs)
+            train.append(ys)
+        length = min(len(xs) for xs in clocks)
+        train_ax.plot(np.mean([xs[:length] for xs in clocks], 0), np.mean([ys[:length] for ys in train], 0),
+                      marker=".", label=f"{mode} ({len(runs)} seeds)")
+        steps = sorted(val_x)
+        val_ax.plot([np.mean(val_x[s]) for s in steps], [np.mean(val_y[s]) for s in steps], marker="o", label=mode)
+    train_ax.set_title("training reward (the step's batch)")
+    val_ax.set_title("held-out reward (mean@1)")
+    for ax in (train_ax, val_ax):
+        ax.set_xlabel("training wall-clock (s, validation excluded)")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"ARPO search task, search latency {args.latency:g} s, 2 CPU ranks, mean over seeds")
     path = os.path.join(args.out, f"async_rl_latency{args.latency:g}.png")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     return path
+
+
+def load(args: argparse.Namespace, mode: str, seed: int) -> dict:
+    """A finished run's metrics (for --replot)."""
+    run_dir = os.path.join(args.out, f"{mode}_seed{seed}_latency{args.latency:g}")
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return {"steps": [json.loads(line) for line in f], "wall_s": float("nan")}
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    model, data = prepare(args.out, args.sft_steps)
+    if not args.replot:
+        model, data = prepare(args.out, args.sft_steps)
     results, table = {}, []
     for seed in args.seeds:
         for mode in args.modes:
-            results[(mode, seed)] = train(args, model, data, mode, seed)
+            results[(mode, seed)] = (load(args, mode, seed) if args.replot
+                                     else train(args, model, data, mode, seed))
             row = {"mode": mode, "seed": seed, **summarise(args, results[(mode, seed)])}
             table.append(row)
             print(json.dumps(row), flush=True)
