@@ -184,7 +184,7 @@ def test_a_worker_out_of_memory_reaches_the_driver_naming_the_phase(ray_session)
     from verl.single_controller.base import Worker
     from verl.single_controller.base.decorator import Dispatch, register
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-    from verl.trainer.ppo.ray_trainer import _timer
+    from verl.trainer.ppo.metric_utils import phase_timer
     from verl.utils.memory import OutOfMemory
 
     class Starved(Worker):
@@ -195,7 +195,7 @@ def test_a_worker_out_of_memory_reaches_the_driver_naming_the_phase(ray_session)
     pool = RayResourcePool([1], use_gpu=False, name_prefix="oom")
     group = RayWorkerGroup(pool, RayClassWithInitArgs(Starved), name_prefix="oom")
     try:
-        with pytest.raises(OutOfMemory) as err, _timer("update_actor", {}):
+        with pytest.raises(OutOfMemory) as err, phase_timer("update_actor", {}):
             group.update_actor()
     finally:
         group.shutdown()

@@ -700,16 +700,16 @@ def test_an_out_of_memory_in_a_worker_names_the_phase_and_the_keys(error):
 
 
 def test_the_trainer_phases_name_their_out_of_memory_and_let_other_errors_through():
-    from verl.trainer.ppo.ray_trainer import _timer
+    from verl.trainer.ppo.metric_utils import phase_timer
 
     timing = {}
     with pytest.raises(OutOfMemory, match=r"out of memory in the generate phase .*rollout\.micro_batch_size"):
-        with _timer("step", timing), _timer("gen", timing):
+        with phase_timer("step", timing), phase_timer("gen", timing):
             raise ray_task_error(MemoryError())
     with pytest.raises(OutOfMemory, match=r"ref phase .*actor_rollout_ref\.ref\.log_prob_micro_batch_size_per_gpu"):
-        with _timer("ref", timing):
+        with phase_timer("ref", timing):
             raise MemoryError()
-    with pytest.raises(ValueError, match="not memory"), _timer("update_actor", timing):
+    with pytest.raises(ValueError, match="not memory"), phase_timer("update_actor", timing):
         raise ValueError("not memory")
 
 

@@ -14,7 +14,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from verl.single_controller.base.decorator import MAGIC_ATTR, Execute, RegisterInfo
 from verl.single_controller.base.worker import get_node_ip_and_free_port
-from verl.single_controller.ray.host import HOST_POOL, THREAD_VARIABLES, WorkerHost
+from verl.single_controller.ray.host import CONCURRENCY_KEY, HOST_POOL, THREAD_VARIABLES, WorkerHost
 
 PLACEMENT_GROUP_TIMEOUT_S = 60.0
 # Ray's resource reports lag a little behind placement groups that were just removed.
@@ -178,7 +178,8 @@ class RayClassWithInitArgs:
         take on later (environment variables can be; a pip or working_dir runtime_env cannot), and it leaves
         nothing behind that a kept host cannot clear (`own_process`)."""
         runtime_env = self.options.get("runtime_env") or {}
-        return not self.own_process and set(self.options) <= {"runtime_env"} and set(runtime_env) <= {"env_vars"}
+        return (not self.own_process and set(self.options) <= {"runtime_env", "max_concurrency"}
+                and set(runtime_env) <= {"env_vars"})
 
 
 class WorkerGroupFuture:
@@ -286,10 +287,15 @@ class RayWorkerGroup:
         if not self._pooled_group:
             return ray.remote(WorkerHost).options(**cls_with_init.host_options(options, env)).remote()
         threads = {key: env[key] for key in THREAD_VARIABLES if key in env}
-        host = HOST_POOL.take(threads)
+        # A host takes as many calls at once as it was made to (a run with generation ahead of the update needs
+        # several): hosts are kept per thread variables and that number.
+        concurrency = int(cls_with_init.options.get("max_concurrency", 1))
+        kind = {**threads, CONCURRENCY_KEY: str(concurrency)}
+        host = HOST_POOL.take(kind)
         if host is None:
-            host = ray.remote(WorkerHost).options(num_cpus=0, runtime_env={"env_vars": threads}).remote()
-        self._host_threads.append(threads)
+            host = ray.remote(WorkerHost).options(num_cpus=0, max_concurrency=concurrency,
+                                                  runtime_env={"env_vars": threads}).remote()
+        self._host_threads.append(kind)
         return host
 
     def _ready(self) -> None:

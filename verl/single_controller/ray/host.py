@@ -34,6 +34,8 @@ import ray
 
 # The environment variables a process reads once, when it starts: a kept host serves only ranks that have its values.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# Beside the thread variables in a kept host's description: the calls it takes at once (its Ray max_concurrency).
+CONCURRENCY_KEY = "max_concurrency"
 # A released host that holds more than this above what it held when it was first ready is not kept.
 KEPT_RSS_GROWTH_BYTES = 1 << 30
 # How long `release` waits for threads the worker started to end on their own.
@@ -175,8 +177,10 @@ class WorkerHost:
             return "the worker used CUDA"
         deadline = time.monotonic() + THREAD_GRACE_S
         while True:
+            # Ray's own threads that ran a call of a host taking several at once appear as dummy threads: not the
+            # worker's.
             extra = [t.name for t in threading.enumerate() if t.ident not in self._baseline["threads"] and t.is_alive()
-                     and t.name not in PROCESS_LIFETIME_THREADS]
+                     and t.name not in PROCESS_LIFETIME_THREADS and not isinstance(t, threading._DummyThread)]
             if not extra or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -208,7 +212,8 @@ class HostPool:
         self.clear()
 
     def take(self, threads: dict[str, str]):
-        """An idle host that started with the thread variables `threads`, or None."""
+        """An idle host that started with the thread variables `threads` (and the calls at once it takes, under
+        CONCURRENCY_KEY), or None."""
         for i, (kept, host) in enumerate(self._idle):
             if kept == threads:
                 del self._idle[i]

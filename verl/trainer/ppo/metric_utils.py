@@ -1,14 +1,27 @@
-"""Per-step metrics computed on the driver from the finished batch."""
+"""Per-step metrics computed on the driver from the finished batch, and the timer of the step's phases."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.memory import name_out_of_memory
 from verl.utils.torch_functional import masked_mean
+
+
+@contextmanager
+def phase_timer(name: str, timing: dict[str, float]):
+    """Adds the block's seconds to timing[name]; an out-of-memory error in the block (on the driver or in a worker)
+    becomes one naming the phase and the keys that size it."""
+    start = time.perf_counter()
+    with name_out_of_memory(name):
+        yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
 def _reduction(key: str):
