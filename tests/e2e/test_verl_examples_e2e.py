@@ -10,7 +10,15 @@ import pytest
 import torch
 from e2e_utils import DIGIT_REWARD
 from seed_commands import command
-from verl_examples import DAPO_QWEN2_5_32B, GRPO_QWEN2_5_3B_LORA, GRPO_QWEN2_7B, GSPO_VERL_0_9, PPO_DEEPSEEK_7B
+from verl_examples import (
+    DAPO_QWEN2_5_32B,
+    GRPO_FULLY_ASYNC,
+    GRPO_QWEN2_5_3B_LORA,
+    GRPO_QWEN2_7B,
+    GRPO_V1_COLOCATE_ASYNC,
+    GSPO_VERL_0_9,
+    PPO_DEEPSEEK_7B,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -103,6 +111,23 @@ def test_a_verl_0_9_script_trains_with_its_async_mode_engine_and_keys(ray_sessio
                 "actor_rollout_ref.actor.calculate_entropy"):
         assert printed.count(f"[config] {key}=") == 1, key
     assert "is not one of Quiver's keys" not in printed
+
+
+@pytest.mark.parametrize("template, keys", [(GRPO_V1_COLOCATE_ASYNC, "trainer.v1"),
+                                           (GRPO_FULLY_ASYNC, "async_training")])
+def test_verls_async_keys_train_with_generation_ahead(template, keys, ray_session, tiny_model_dir, small_data,
+                                                    tmp_path, capsys):
+    """verl's v1 colocate_async keys, and its fully-async recipe's, on the GRPO example: the run samples the next batch
+    while it trains (step 2 trains a batch one policy version stale); the rollout is one engine per rank (TP 1)."""
+    from verl.trainer.main_ppo import main
+
+    out = tmp_path / "async"
+    history = train(main, command(template, changes(small_data, out, tiny_model_dir, TP=1)), out)
+    assert [m["training/off_policy/trajectory_staleness/max"] for m in history] == [0.0, 1.0]
+    plan = json.loads((out / "run_plan.json").read_text())
+    assert plan["async_rl"]["mode"] == "colocate_async" and plan["async_rl"]["keys"] == keys
+    printed = capsys.readouterr().out
+    assert "is not one of Quiver's keys" not in printed and "without a counterpart" not in printed
 
 
 def test_verl_lora_from_a_saved_adapter(ray_session, tiny_model_dir, small_data, tmp_path, offline):

@@ -203,3 +203,17 @@ tools:
               description: "The answer, digits only"
           required: ["answer"]
 """
+
+# verl's v1 trainer in colocate_async mode (trainer.use_v1 is verl 0.9's default): the GRPO example above with the
+# keys verl's docs/advance/v1_async_trainer.md names. No script of the census sets them; this is how a user would.
+GRPO_V1_COLOCATE_ASYNC = [
+    *GRPO_QWEN2_7B, "trainer.use_v1=True", "trainer.v1.trainer_mode=colocate_async",
+    "trainer.v1.colocate_async.num_warmup_batches=1", "trainer.v1.sampler.max_off_policy_threshold=4",
+    "trainer.v1.sampler.max_off_policy_strategy=drop",
+]
+
+# The same example with the async_training keys of verl's fully-async recipe (docs/advance/fully_async.md).
+GRPO_FULLY_ASYNC = [
+    *GRPO_QWEN2_7B, "async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=4",
+    "async_training.require_batches=1", "async_training.partial_rollout=True",
+]
