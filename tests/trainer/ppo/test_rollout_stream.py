@@ -137,3 +137,22 @@ def test_interruptible_pushes_at_once_and_trajectories_continue_on_the_new_weigh
     assert [v for v, _ in pushes] == [1, 2, 3, 4, 5, 6] and all(on_driver for _, on_driver in pushes)
     assert most[0] == 2  # the two batches ahead sampled at once
     assert max(spans) > 1  # some trajectory went on with weights pushed while it ran
+
+
+
+def test_a_failed_generation_reaches_the_driver_and_closing_then_skips_the_push():
+    import pytest
+
+    engines = Engines()
+
+    def prepare(batch_dict):
+        def generate(version):
+            raise RuntimeError(f"engine failed on batch {batch_dict['id']}")
+        return batch_dict["id"], generate
+
+    stream = RolloutStream(ahead=1, version=0, prepare=prepare, push=engines.push)
+    with pytest.raises(RuntimeError, match="engine failed on batch 0"):
+        stream.next(drawer(3))
+    stream.push(1)  # an update happened before the failure was seen
+    stream.close(push_last=False)
+    assert not [entry for entry in engines.log if entry[0] == "push"] and stream.version == 0

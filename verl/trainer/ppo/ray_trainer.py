@@ -400,12 +400,15 @@ class RayPPOTrainer(RolloutPhase):
                                          self.actor_rollout_wg.push_rollout_weights,
                                          interruptible=self.plan.async_rl.partial_rollout)
             self._stream.reissue(self._pending_rollouts)
+        finished = False
         try:
-            return self._train_loop(logger)
+            history = self._train_loop(logger)
+            finished = True
+            return history
         finally:
             logger.finish()
-            if self._stream is not None:
-                self._stream.close()
+            if self._stream is not None:  # after a failure the last push is not tried: its error would hide the first
+                self._stream.close(push_last=finished)
                 self._stream = None
 
     def _train_loop(self, logger: Tracking):

@@ -153,13 +153,13 @@ class RolloutStream:
         self.trainer_wait_s = self.engine_idle_s = self.push_s = 0.0
         return timings
 
-    def close(self) -> None:
-        """Drop the batches not started, wait for the engine thread's current call, then push the last update, so
-        that the engines hold the actor's final weights."""
+    def close(self, push_last: bool = True) -> None:
+        """Drop the batches not started, wait for the engine thread's current call, then (`push_last`) push the last
+        update, so that the engines hold the actor's final weights."""
         for item in self._queue:
             item.future.cancel()
         self._queue.clear()
         self._engine.shutdown(wait=True, cancel_futures=True)
-        if self._pending_push is not None:
+        if self._pending_push is not None and push_last:
             self._push(self._pending_push)
             self.version, self._pending_push = self._pending_push, None
