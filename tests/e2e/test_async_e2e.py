@@ -25,8 +25,9 @@ def test_colocate_async_trains_one_version_stale_with_decoupled_ppo(ray_session,
                        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
                        f"trainer.default_local_dir={tmp_path}"), tiny_model_dir)
     assert trainer.plan.async_rl.overlaps and trainer.plan.async_rl.proximal == proximal
-    # The ranks' processes took several calls at once and came back clean: kept for the next run, none retired.
-    assert HOST_POOL.retired == retired and len(HOST_POOL) >= 2
+    # The ranks' processes took several calls at once and came back clean: kept for the next run (or retired only
+    # because the session's pool of kept hosts was full).
+    assert set(HOST_POOL.retired[len(retired):]) <= {"the pool is full"} and len(HOST_POOL) >= 2
     assert trainer.plan.old_log_prob_source == {"recompute": "recompute", "update": "actor"}[proximal]
     assert [m["training/global_step"] for m in history] == [1, 2, 3, 4]
     # Step 1 trains the batch sampled with the initial weights; each later one a batch sampled with the weights of
