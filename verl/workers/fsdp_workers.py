@@ -166,9 +166,9 @@ class ActorRolloutRefWorker(Worker):
             self.rollout = NodeSharedEngine(engine, torch.get_num_threads() * self.world_size) if shared else engine
             # On a shared engine only rank 0 runs the tool loops (and their tools); the other ranks sample plainly.
             mode = plan.rollout.generation if engine is not None else "plain"
-            # Running ahead, plain sampling and the tool rounds read the weights per engine call (a push can come
-            # between two rounds of a trajectory); verl's agent loops hold them for the whole batch.
-            self._segmented = self._defer_push and mode in ("plain", "tool_rounds")
+            # With partial rollout (the plan's: plain sampling and the tool rounds) the weights are read per engine
+            # call, so a push can come between two rounds of a trajectory; otherwise for the whole batch.
+            self._segmented = plan.async_rl.overlaps and plan.async_rl.partial_rollout
             generating = VersionedEngine(self.rollout, self._weights) if self._segmented else self.rollout
             self.generator = build_generator(generating, self.tokenizer, self.config, self.rank, mode)
             if self._is_actor:

@@ -44,6 +44,12 @@ from verl.utils.run_plan import AsyncPlan
 OVERLAPPING_ENGINES = ("hf",)
 
 
+def _bypass(config: DictConfig) -> bool:
+    """algorithm.rollout_correction.bypass_mode=true: the update's old log-probs are the rollout's."""
+    mode = option(config.algorithm.get("rollout_correction"), "bypass_mode", "algorithm.rollout_correction")
+    return mode is True or mode == "true"
+
+
 def _fully_async(config: DictConfig) -> AsyncPlan | None:
     """verl's fully-async recipe keys as an AsyncPlan, or None when async_training.staleness_threshold is null."""
     recipe = config.get("async_training")
@@ -102,9 +108,7 @@ def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool, generati
         raise ConfigError(f"{where} needs an engine per rank: set actor_rollout_ref.rollout.share_cpu_engine=false "
                           "(a node-shared engine gathers the ranks' prompts with collectives, which would run beside "
                           "the update's)")
-    correction = config.algorithm.get("rollout_correction")
-    bypass = option(correction, "bypass_mode", "algorithm.rollout_correction")
-    decoupled = not (bypass is True or bypass == "true") and not correction_enabled(correction)
+    decoupled = not _bypass(config) and not correction_enabled(config.algorithm.get("rollout_correction"))
     return dataclasses.replace(plan, decoupled=decoupled,
                                partial_rollout=plan.partial_rollout and generation in SEGMENTED_MODES)
 
@@ -116,8 +120,7 @@ def stale_data_source(config: DictConfig, synchronous_source: str, plan: AsyncPl
     with an update the synchronous trainer would run without the pass (`synchronous_source` "actor": one epoch, one
     mini-batch, nothing reading old log-probs before it): the update's own forward pass is the proximal policy.
     Otherwise the actor's recomputation."""
-    bypass = option(config.algorithm.get("rollout_correction"), "bypass_mode", "algorithm.rollout_correction")
-    if bypass is True or bypass == "true":
+    if _bypass(config):
         return "rollout", plan
     if plan.decoupled and synchronous_source == "actor":
         return "actor", dataclasses.replace(plan, proximal="update")

@@ -13,8 +13,8 @@ With partial rollout (`interruptible`), the ranks take a push between two engine
 (verl/workers/rollout/versioned.py): the push runs as soon as the update is done, the batches ahead run at once (one
 engine thread each) and go on with the new weights, each token stamped with the version that sampled it.
 
-On the ranks, the generation and the update run in two threads of the rank's process (the worker hosts take two
-calls at a time); the HF engine holds its own copy of the weights, which only the push writes, and runs no
+On the ranks, the generations, the update and the push run in threads of the rank's process (the worker hosts take
+`ahead` + 2 calls at a time with partial rollout, else 3); the HF engine holds its own copy of the weights, which only the push writes, and runs no
 collective.
 """
 
