@@ -7,12 +7,14 @@ The task: the made-up-country questions of `verl/demo/tool_tasks.py` ("What is t
 times the population of ...?"), answered with the BM25 search tool (`<search>`), whose every answer first waits
 `--latency` seconds (a SERP API takes 0.5-3 s), and the python tool. A tiny model gets a short SFT cold start on the
 task's demonstrations, so that it searches; then, from that model, with the same data, seed and settings, ARPO's
-tool rounds with branching (beam 2) on 2 CPU ranks train `--steps` steps in each mode:
+tool rounds with branching (beam 2) on 2 CPU processes train `--steps` steps in each mode:
 
 - sync: generate a batch, then train on it;
 - colocate_async (1 ahead): trainer.v1.trainer_mode=colocate_async, the next batch sampling while this one trains;
 - colocate_async (2 ahead, 4 ahead): num_warmup_batches=2 (4), that many batches sampling at once, partial rollout
-  at each push.
+  at each push;
+- separate_async (1 ahead, 2 ahead): one rollout rank of its own generates while one training rank trains (the
+  same two processes), the weights pushed after each step, staleness bound = batches ahead.
 
 Reported per mode and seed: trained samples per second of training (the steps' wall time, validation excluded) and
 its ratio to sync's, measured in this run; the held-out reward (mean@1 on the test split) after the last step; the
@@ -37,6 +39,13 @@ MODES = {
     "colocate_async_1": ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=1"],
     "colocate_async_2": ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=2"],
     "colocate_async_4": ["trainer.v1.trainer_mode=colocate_async", "trainer.v1.colocate_async.num_warmup_batches=4"],
+    # One rollout rank of its own beside one training rank (the same 2 processes as the others' 2 ranks); the
+    # weights pushed after every step (one mini-batch: parameter_sync_step=1).
+    **{f"separate_async_{ahead}": [
+        "trainer.v1.trainer_mode=separate_async", "trainer.n_gpus_per_node=1", f"{ROLLOUT}.nnodes=1",
+        f"{ROLLOUT}.n_gpus_per_node=1", "trainer.v1.separate_async.parameter_sync_step=1",
+        f"trainer.v1.separate_async.num_warmup_batches={ahead}", f"trainer.v1.sampler.max_off_policy_threshold={ahead}"]
+       for ahead in (1, 2)},
 }
 SEARCH_SOURCE = "deep_research"
 
@@ -101,7 +110,8 @@ def train(args: argparse.Namespace, model: str, data: str, mode: str, seed: int)
         f"{tools}.search.params.max_results=2", f"{tools}.search.params.latency_s={args.latency}",
         f"{tools}.python.class_path=verl.workers.tools.python_tool.PythonTool", f"{tools}.python.params.timeout_s=5",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}", "actor_rollout_ref.actor.optim.lr=1e-4",
-        "trainer.n_gpus_per_node=2", "trainer.device=cpu", f"trainer.total_training_steps={args.steps}",
+        *([] if any(o.startswith("trainer.n_gpus_per_node=") for o in MODES[mode]) else ["trainer.n_gpus_per_node=2"]),
+        "trainer.device=cpu", f"trainer.total_training_steps={args.steps}",
         "trainer.val_before_train=true", f"trainer.test_freq={args.val_every}", f"trainer.seed={seed}",
         f"{ROLLOUT}.seed={seed}", "trainer.logger=[console]", "trainer.resume_mode=disable", "trainer.overwrite=true",
         f"trainer.default_local_dir={run_dir}", *MODES[mode],
@@ -162,7 +172,7 @@ def plot(args: argparse.Namespace, results: dict) -> str:
     for ax in (train_ax, val_ax):
         ax.set_xlabel("training wall-clock (s, validation excluded)")
         ax.legend(fontsize=7)
-    fig.suptitle(f"ARPO search task, search latency {args.latency:g} s, 2 CPU ranks, mean over seeds")
+    fig.suptitle(f"ARPO search task, search latency {args.latency:g} s, 2 CPU processes, mean over seeds")
     path = os.path.join(args.out, f"async_rl_latency{args.latency:g}.png")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -106,10 +106,13 @@ def fit_trainer(overrides, model_dir, probe_step=False):
     `probe_step` the batch of one more step after training, for checks on a real batch; else None)."""
     trainer = build_trainer(overrides, model_dir)
     try:
-        trainer.rollout_info = trainer.actor_rollout_wg.rollout_info()  # per rank: engine class, TP place
+        trainer.rollout_info = trainer.generation_wg.rollout_info()  # per generating rank: engine class, TP place
         before = trainer.actor_rollout_wg.weight_fingerprint()
         history = trainer.fit()
         after = trainer.actor_rollout_wg.weight_fingerprint()
+        if trainer.separate_rollout is not None:  # the rollout ranks' own weights, and the actor's, at the end
+            trainer.actor_rollout_wg_fingerprint = after
+            trainer.rollout_fingerprint = trainer.separate_rollout.weight_fingerprint()
         batch = trainer._step(trainer._prompt_batches(), {}, {}) if probe_step else None
     finally:
         trainer.shutdown()

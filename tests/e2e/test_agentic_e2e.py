@@ -234,3 +234,32 @@ def test_hermes_tool_calls_train_through_the_chat_template(ray_session, tool_tas
                 after_it = tokenizer.decode(ids[k:], skip_special_tokens=False)
                 assert after_it.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n"), after_it[:80]  # Qwen2.5's tool turn
     assert results > 0
+
+
+SEPARATE = ["trainer.v1.trainer_mode=separate_async", f"{ROLLOUT}.nnodes=1", f"{ROLLOUT}.n_gpus_per_node=1",
+            "trainer.v1.separate_async.parameter_sync_step=2", "trainer.n_gpus_per_node=1"]
+
+
+@pytest.mark.parametrize("engine", [pytest.param("vllm", marks=pytest.mark.vllm), "hf"])
+def test_tool_trajectories_with_branches_train_on_separate_rollout_ranks(ray_session, tool_task, tmp_path, engine):
+    """trainer.v1.trainer_mode=separate_async, the benchmark's layout: one rollout rank of its own runs the tool
+    rounds (tool calls in the sandbox, ARPO's branches) while one training rank trains; the push goes between two
+    rounds of a trajectory in flight on the HF engine, between two batches on vLLM."""
+    model_dir, data_dir = tool_task
+    trainer, history, _, _, batch = fit_trainer(
+        agentic_overrides(model_dir, data_dir, tmp_path, *SEPARATE, f"{ROLLOUT}.name={engine}",
+                          "trainer.total_training_steps=3"), model_dir, probe_step=False)
+    plan = trainer.plan.async_rl
+    assert plan.separate and trainer.plan.generation_ranks == 1 and trainer.plan.n_ranks == 1
+    assert plan.partial_rollout == (engine == "hf")
+    assert [info["engine"] for info in trainer.rollout_info] == [{"hf": "HFRollout", "vllm": "VLLMRollout"}[engine]]
+    staleness = [m["training/off_policy/trajectory_staleness/max"] for m in history]
+    assert staleness[0] == 0.0 and all(s <= 1.0 for s in staleness[1:]) and max(staleness) == 1.0
+    for m in history:
+        assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"])
+        assert m["tools/calls_per_trajectory"] > 0 and 0 < m["tools/result_token_fraction"] < 1
+        assert m["training/off_policy/dropped_groups"] == 0.0
+    assert sum(m["rollout/branches_per_prompt"] for m in history) > 0
+    # The rollout rank ends holding the actor's final weights (the last push, checked by its checksums).
+    actor = trainer.actor_rollout_wg_fingerprint[0]["actor"]
+    assert trainer.rollout_fingerprint[0]["rollout"] == pytest.approx(actor, rel=1e-6)

@@ -96,3 +96,62 @@ def test_a_resumed_run_reissues_the_batches_in_flight_and_keeps_the_bound(ray_se
     step3 = torch.load(tmp_path / "global_step_3" / "data.pt", weights_only=False)
     assert not torch.equal(step3["pending_rollouts"][0]["input_ids"], pending_prompts)  # the next batch by then
     assert first[-1]["training/off_policy/trajectory_staleness/max"] == 1.0
+
+
+# One rollout rank of its own beside the 2 training ranks; 8 prompts a step, 2 mini-batches of 4 between pushes.
+SEPARATE = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+            "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.v1.separate_async.parameter_sync_step=2"]
+
+
+def test_separate_async_generates_on_rollout_ranks_of_their_own(ray_session, tiny_model_dir, arithmetic_data_dir,
+                                                               tmp_path):
+    """The rollout rank generates the next batch while the training ranks train this one; the weights reach it by
+    Ray's object store after each step, checked by their checksums, and validation samples there too."""
+    trainer, history, before, after, _ = fit_trainer(
+        tiny_overrides(tiny_model_dir, arithmetic_data_dir, *SEPARATE, "trainer.total_training_steps=4",
+                       "trainer.test_freq=2", f"trainer.default_local_dir={tmp_path}"), tiny_model_dir)
+    plan = trainer.plan
+    assert plan.async_rl.separate and (plan.n_ranks, plan.generation_ranks) == (2, 1)
+    assert [info["engine"] for info in trainer.rollout_info] == ["HFRollout"]
+    assert "rollout" not in before[0]  # the training ranks hold no engine
+    staleness = [m["training/off_policy/trajectory_staleness/max"] for m in history]
+    assert staleness == [0.0, 1.0, 1.0, 1.0]
+    assert all(m["training/off_policy/trajectory_spans/max"] == 1.0 for m in history)
+    for m in history:
+        for key in ("actor/pg_loss", "actor/grad_norm", "timing_s/wait_rollout", "timing_s/update_weights"):
+            assert math.isfinite(m[key]), (key, m[key])
+    assert all(any(key.startswith("val-core/") for key in history[i]) for i in (1, 3))
+    assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
+    assert trainer.rollout_fingerprint[0]["rollout"] == pytest.approx(after[0]["actor"], rel=1e-6)
+    assert trainer.separate_rollout.restarts == 0 and trainer.separate_rollout.load_retries == 0
+
+
+def test_a_dead_rollout_rank_is_restarted_and_its_batch_sampled_again(ray_session, tiny_model_dir,
+                                                                      arithmetic_data_dir, tmp_path):
+    """The rollout rank's process is killed while the next batch generates there: the rollout ranks are built again,
+    load the last weights pushed, and the batch is sampled again; the run trains every step."""
+    import ray
+    from e2e_utils import build_trainer
+
+    trainer = build_trainer(tiny_overrides(tiny_model_dir, arithmetic_data_dir, *SEPARATE,
+                                           "trainer.total_training_steps=3", f"trainer.default_local_dir={tmp_path}"),
+                            tiny_model_dir)
+    original = trainer._step
+
+    def step(prompt_batches, metrics, timing):
+        if trainer.global_steps == 2:  # batch 2 was submitted while step 1 trained
+            ray.kill(trainer.separate_rollout.group.workers[0])
+        return original(prompt_batches, metrics, timing)
+
+    trainer._step = step
+    try:
+        history = trainer.fit()
+        restarts = trainer.separate_rollout.restarts
+        fingerprint = trainer.separate_rollout.weight_fingerprint()[0]["rollout"]
+        actor = trainer.actor_rollout_wg.weight_fingerprint()[0]["actor"]
+    finally:
+        trainer.shutdown()
+    assert restarts == 1 and [m["training/global_step"] for m in history] == [1, 2, 3]
+    assert all(math.isfinite(m["actor/pg_loss"]) for m in history)
+    assert max(m["training/off_policy/trajectory_staleness/max"] for m in history) <= 1.0
+    assert fingerprint == pytest.approx(actor, rel=1e-6)

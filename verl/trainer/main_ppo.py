@@ -107,8 +107,9 @@ def init_ray(config: DictConfig, plan: RunPlan) -> None:
     num_cpus = ray_init.pop("num_cpus", None)
     if num_cpus is None:
         # Ray counts logical CPUs: one per worker process is enough to place them, whatever the core count (a rank
-        # holds the actor's process, and the critic's and the reward model's beside it when there are).
-        num_cpus = max(os.cpu_count() or 1, plan.n_ranks * plan.processes_per_rank)
+        # holds the actor's process, and the critic's and the reward model's beside it when there are; separate
+        # rollout ranks one each).
+        num_cpus = max(os.cpu_count() or 1, plan.worker_processes)
     ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env}, **ray_init)
 
 

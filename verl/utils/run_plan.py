@@ -143,6 +143,8 @@ class AsyncPlan:
         (an on-policy-shaped update, one epoch and one mini-batch: its own forward pass, detached, which is the
         weights before the update; the weight is then made in the update and the pass is skipped).
     keys: the config section that set the mode, for messages.
+    rollout_nnodes, rollout_ranks_per_node: separate_async's rollout ranks (actor_rollout_ref.rollout.nnodes and
+        n_gpus_per_node), a worker group of their own beside the training ranks'.
     """
 
     mode: str = "sync"
@@ -154,6 +156,18 @@ class AsyncPlan:
     decoupled: bool = False
     proximal: str = "recompute"
     keys: str = "trainer.v1.trainer_mode"
+    rollout_nnodes: int = 0
+    rollout_ranks_per_node: int = 0
+
+    @property
+    def separate(self) -> bool:
+        """Whether rollout ranks of their own generate (separate_async) while the training ranks train."""
+        return self.mode == "separate_async" and self.overlaps
+
+    @property
+    def rollout_ranks(self) -> int:
+        """The separate rollout ranks (0 when the training ranks generate)."""
+        return self.rollout_nnodes * self.rollout_ranks_per_node if self.separate else 0
 
     @property
     def overlaps(self) -> bool:
@@ -216,6 +230,16 @@ class RunPlan:
         return self.n_ranks // self.critic.sequence_parallel
 
     @property
+    def generation_ranks(self) -> int:
+        """The ranks that generate: separate_async's rollout ranks, else the training ranks."""
+        return self.async_rl.rollout_ranks or self.n_ranks
+
+    @property
+    def worker_processes(self) -> int:
+        """Worker processes of the run: each training rank's (processes_per_rank) and the separate rollout ranks'."""
+        return self.n_ranks * self.processes_per_rank + self.async_rl.rollout_ranks
+
+    @property
     def processes_per_rank(self) -> int:
         """Worker processes on each rank (its resource bundle): the actor's, the critic's and the reward model's, and
         TensorRT-LLM's engine, which runs in a Ray actor of its own on the rank's GPU (trtllm_rollout)."""
@@ -229,7 +253,9 @@ class RunPlan:
             sizes += f"; critic micro {_size(self.critic.update.micro)}"
         passes = [name for name, on in (("reference", self.use_reference_policy), ("critic", self.use_critic),
                                         ("reward model", self.use_reward_model)) if on]
+        where = (f" on {self.async_rl.rollout_ranks} rollout rank(s) of their own" if self.async_rl.separate else "")
         return (f"[plan] {self.n_ranks} rank(s) on {self.device} ({self.nnodes} node(s)), engine {self.rollout.engine}"
+                f"{where}"
                 f"{' shared per node' if self.rollout.share_cpu_engine else ''}, old log-probs: "
                 f"{self.old_log_prob_source}, {'+'.join(passes) or 'no reference/critic'}, remove padding "
                 f"{'on' if actor.remove_padding else 'off'}, compute {actor.compute_dtype}{self._levers()}; {sizes}")

@@ -45,8 +45,13 @@ from verl.workers.rollout.generation import build_generator
 from verl.workers.rollout.registry import get_rollout_cls
 from verl.workers.rollout.shared import NodeSharedEngine
 from verl.workers.rollout.versioned import VersionedEngine, WeightsLock
+from verl.workers.rollout.weight_package import WeightPackage, pack_weights, unpack_weights
 
-ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+# "rollout": separate_async's rollout ranks (an engine and no actor); "actor", "actor_ref": its training ranks.
+# How long a separate rollout rank's generation waits for the weights pushed before it (separate_rollout.py).
+PUSH_WAIT_S = 600.0
+
+ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 
 
 class ActorRolloutRefWorker(Worker):
@@ -66,9 +71,9 @@ class ActorRolloutRefWorker(Worker):
         self._offload_optimizer = offloads_optimizer_state(device, config.actor.fsdp_config)
         import_external_libs(config.model.get("external_lib"))  # what the user's modules register, here too
         import_external_libs(plugins, key="trainer.plugins")
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         # Rollout beside the update (plan.async_rl): the driver pushes the weights when no generation is in flight
         # (push_rollout_weights), not the update; the engine keeps its memory between generations.
         self._defer_push = plan.async_rl.overlaps
@@ -196,7 +201,7 @@ class ActorRolloutRefWorker(Worker):
 
     def _ensure_rollout_weights(self) -> None:
         """An engine that freed its weights while the actor trained (and got no push since) gets them back."""
-        if self.rollout.weights_released:
+        if self._is_actor and self._is_rollout and self.rollout.weights_released:
             self._sync_rollout_weights()
 
     # ------------------------------------------------------------------------------------------- generation
@@ -209,6 +214,9 @@ class ActorRolloutRefWorker(Worker):
         """Sample one response per row of `prompts` (the driver repeats prompts n times beforehand); with the agent
         loop, `meta_info["n"]` trajectories per row (the driver does not repeat: branches need their group)."""
         start = time.perf_counter()
+        if not self._is_actor and "policy_version" in prompts.meta_info:
+            # separate_async: the push the driver sent before this call may still be loading; it samples those weights
+            self._weights.wait_for_version(int(prompts.meta_info["policy_version"]), PUSH_WAIT_S)
         self._ensure_rollout_weights()
         self.rollout.wake_up()
         if self._segmented:  # each engine call stamps its tokens (VersionedEngine)
@@ -289,6 +297,36 @@ class ActorRolloutRefWorker(Worker):
             self._sync_rollout_weights()
         return elapsed(start, self.device)
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_rollout_weights(self, version: int) -> WeightPackage | None:
+        """separate_async's push, the training ranks' half: every rank gathers the actor's full weights (LoRA
+        folded in), rank 0 packs them into Ray's object store with their checksums (weight_package.py) and returns
+        the package; the other ranks None."""
+        import ray
+
+        items = full_state_dict_items(self.actor_module)
+        if self._lora:
+            items = merge_lora_items(items, lora_scaling(self.actor_module))
+        if self.rank != 0:
+            for _ in items:  # each gather is a collective: every rank takes part
+                pass
+            return None
+        return pack_weights(items, version, ray.put)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_rollout_weights(self, package: WeightPackage) -> float:
+        """separate_async's push, the rollout ranks' half: read the package, check every tensor's checksum (a
+        corrupted one raises WeightChecksumError and nothing is loaded), then write the weights into the engine after
+        the engine calls running now and before those that would start (versioned.WeightsLock); the seconds it
+        took, waiting included."""
+        import ray
+
+        start = time.perf_counter()
+        items = unpack_weights(package, ray.get(package.ref[0]))
+        with self._weights.writing(package.version):
+            self.rollout.update_weights(items)
+        return elapsed(start, self.device)
+
     # ------------------------------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, hdfs_path: str | None = None, global_step: int = 0,
@@ -331,9 +369,13 @@ class ActorRolloutRefWorker(Worker):
     def weight_fingerprint(self) -> dict[str, float]:
         """Sums of the actor's and the rollout engine's weights (used by tests to see updates and syncs). An engine
         that freed its weights while the actor trained gets them pushed first, as its next generation would."""
-        self._ensure_rollout_weights()
-        actor = sum(float(tensor_checksum(t)) for _, t in full_state_dict_items(self.actor_module))
-        return {"actor": actor, "rollout": self.rollout.weights_checksum()}
+        sums = {}
+        if self._is_actor:
+            self._ensure_rollout_weights()
+            sums["actor"] = sum(float(tensor_checksum(t)) for _, t in full_state_dict_items(self.actor_module))
+        if self._is_rollout:
+            sums["rollout"] = self.rollout.weights_checksum()
+        return sums
 
 
 class CriticWorker(Worker):

@@ -40,7 +40,9 @@ class RayResourcePool:
 
     A bundle holds ``max_colocate_count`` CPUs (plus one GPU when ``use_gpu``) so that that many worker groups can
     share it; each of their actors takes one CPU and ``1 / max_colocate_count`` of the GPU. Placement groups are
-    created on first use, node by node, each on a node that no earlier one uses.
+    created on first use, node by node, each on a node that no earlier one uses. ``cpu_neighbours``: ranks of
+    another pool on the same node, which share its cores (on CPU each rank's torch threads are the node's cores over
+    all its ranks): separate_async's rollout ranks beside the training ranks on one node.
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class RayResourcePool:
         name_prefix: str = "",
         max_colocate_count: int = 1,
         detached: bool = False,
+        cpu_neighbours: int = 0,
     ):
         if not process_on_nodes or min(process_on_nodes) < 1:
             raise ValueError(f"process_on_nodes must give at least one rank per node, got {process_on_nodes}")
@@ -58,6 +61,7 @@ class RayResourcePool:
         self.name_prefix = name_prefix
         self.max_colocate_count = max_colocate_count
         self.detached = detached
+        self.cpu_neighbours = cpu_neighbours
         # Placement-group names must be unique in the cluster, also while an earlier pool's removal is in flight.
         self._uid = uuid.uuid4().hex[:8]
         self._pgs: list[PlacementGroup] | None = None
@@ -254,8 +258,8 @@ class RayWorkerGroup:
                     "MASTER_PORT": str(master_port),
                 }
                 node = node_ids[rank]
-                threads = worker_threads(self.device, node_cpus.get(node, 1), node_ids.count(node),
-                                         pool.max_colocate_count)
+                threads = worker_threads(self.device, node_cpus.get(node, 1),
+                                         node_ids.count(node) + pool.cpu_neighbours, pool.max_colocate_count)
                 env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
                 options = {
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(

@@ -76,10 +76,6 @@ def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool, generati
         raise ConfigError(f"trainer.v1.trainer_mode={mode} and async_training.staleness_threshold="
                           f"{config.async_training.staleness_threshold} both ask for an asynchronous run: set one "
                           "(async_training.* is verl's fully-async recipe, trainer.v1.* its v1 trainer)")
-    if mode == "separate_async":
-        raise ConfigError("trainer.v1.trainer_mode=separate_async (rollout ranks apart from the training ranks) is not "
-                          "available in Quiver yet; trainer.v1.trainer_mode=colocate_async overlaps generation and "
-                          "training on the same ranks")
     if recipe is not None:
         plan = recipe
     elif mode == "colocate_async":
@@ -87,10 +83,72 @@ def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool, generati
                          strategy=v1.sampler.max_off_policy_strategy,
                          warmup_batches=int(v1.colocate_async.num_warmup_batches), partial_rollout=True,
                          keys="trainer.v1")
+    elif mode == "separate_async":
+        plan = _separate(config)
     else:
         return AsyncPlan()
     if not plan.overlaps:
         return AsyncPlan(mode=plan.mode, keys=plan.keys, strategy=plan.strategy)
+    if plan.separate:
+        plan = _check_separate_engine(config, engine, share_cpu_engine, plan)
+    else:
+        _check_colocated_engine(config, engine, share_cpu_engine, plan)
+    decoupled = not _bypass(config) and not correction_enabled(config.algorithm.get("rollout_correction"))
+    return dataclasses.replace(plan, decoupled=decoupled,
+                               partial_rollout=plan.partial_rollout and generation in SEGMENTED_MODES)
+
+
+def _separate(config: DictConfig) -> AsyncPlan:
+    """trainer.v1.trainer_mode=separate_async: rollout ranks of their own (actor_rollout_ref.rollout.nnodes x
+    n_gpus_per_node) generate while the training ranks train; the weights are pushed after each step's update, which
+    is parameter_sync_step mini-batches (verl's rule data.train_batch_size = parameter_sync_step x
+    ppo_mini_batch_size)."""
+    v1, rollout = config.trainer.v1, config.actor_rollout_ref.rollout
+    if rollout.nnodes < 1:
+        raise ConfigError("trainer.v1.trainer_mode=separate_async generates on rollout ranks of their own: set "
+                          "actor_rollout_ref.rollout.nnodes (>= 1; it is 0) and actor_rollout_ref.rollout."
+                          "n_gpus_per_node, the rollout ranks per node (on CPU: processes), besides trainer.nnodes x "
+                          "trainer.n_gpus_per_node training ranks")
+    sync_step = int(v1.separate_async.parameter_sync_step)
+    mini, batch = config.actor_rollout_ref.actor.ppo_mini_batch_size, config.data.train_batch_size
+    if sync_step * mini != batch:
+        raise ConfigError(f"trainer.v1.trainer_mode=separate_async pushes the weights every trainer.v1.separate_async."
+                          f"parameter_sync_step={sync_step} mini-batches of actor_rollout_ref.actor.ppo_mini_batch_size="
+                          f"{mini} prompts, once per step of data.train_batch_size={batch} prompts, so data."
+                          f"train_batch_size must be {sync_step} x {mini} = {sync_step * mini} (verl's rule); set "
+                          f"parameter_sync_step={batch // mini if batch % mini == 0 else '...'} or change the batch "
+                          "sizes")
+    return AsyncPlan(mode="separate_async", max_staleness=int(v1.sampler.max_off_policy_threshold),
+                     strategy=v1.sampler.max_off_policy_strategy,
+                     warmup_batches=int(v1.separate_async.num_warmup_batches), parameter_sync_step=sync_step,
+                     partial_rollout=True, keys="trainer.v1", rollout_nnodes=int(rollout.nnodes),
+                     rollout_ranks_per_node=int(rollout.n_gpus_per_node))
+
+
+# Engines that generate on separate rollout ranks: the HF engine, and vLLM (its collectives stay in the rollout
+# ranks' own process group; a call holds the weights for its whole batch).
+SEPARATE_ENGINES = ("hf", "vllm")
+
+
+def _check_separate_engine(config: DictConfig, engine: str, share_cpu_engine: bool, plan: AsyncPlan) -> AsyncPlan:
+    """separate_async's engine, or a ConfigError; vLLM takes a push between two whole batches (no partial rollout)."""
+    rollout = config.actor_rollout_ref.rollout
+    where = "trainer.v1.trainer_mode=separate_async"
+    if engine not in SEPARATE_ENGINES:
+        raise ConfigError(f"{where} runs the {' or '.join(SEPARATE_ENGINES)} engine on its rollout ranks, not "
+                          f"{engine}: set actor_rollout_ref.rollout.name to one of them")
+    if rollout.tensor_model_parallel_size > 1:
+        raise ConfigError(f"{where} needs actor_rollout_ref.rollout.tensor_model_parallel_size=1 (got "
+                          f"{rollout.tensor_model_parallel_size}): its rollout ranks run one engine each")
+    if share_cpu_engine:
+        raise ConfigError(f"{where} runs an engine per rollout rank: set actor_rollout_ref.rollout.share_cpu_engine="
+                          "false (a node-shared engine gathers the ranks' prompts with collectives, which would cross "
+                          "between the generations running at once)")
+    return plan if engine == "hf" else dataclasses.replace(plan, partial_rollout=False)
+
+
+def _check_colocated_engine(config: DictConfig, engine: str, share_cpu_engine: bool, plan: AsyncPlan) -> None:
+    """A ConfigError where generation cannot run in a thread of each training rank beside its update."""
     where = ("async_training.staleness_threshold" if plan.keys == "async_training"
              else "trainer.v1.trainer_mode=colocate_async")
     rollout = config.actor_rollout_ref.rollout
@@ -99,7 +157,8 @@ def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool, generati
                if engine == "vllm" else "it runs apart from the rank's process")
         raise ConfigError(f"{where} samples in a thread of each training rank beside its update, which the {engine} "
                           f"engine cannot ({why}); use actor_rollout_ref.rollout.name="
-                          f"{' or '.join(OVERLAPPING_ENGINES)}")
+                          f"{' or '.join(OVERLAPPING_ENGINES)}, or trainer.v1.trainer_mode=separate_async (rollout "
+                          "ranks of their own)")
     if rollout.tensor_model_parallel_size > 1:
         raise ConfigError(f"{where} needs actor_rollout_ref.rollout.tensor_model_parallel_size=1 (got "
                           f"{rollout.tensor_model_parallel_size}): a tensor-parallel engine's collectives would run "
@@ -108,9 +167,6 @@ def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool, generati
         raise ConfigError(f"{where} needs an engine per rank: set actor_rollout_ref.rollout.share_cpu_engine=false "
                           "(a node-shared engine gathers the ranks' prompts with collectives, which would run beside "
                           "the update's)")
-    decoupled = not _bypass(config) and not correction_enabled(config.algorithm.get("rollout_correction"))
-    return dataclasses.replace(plan, decoupled=decoupled,
-                               partial_rollout=plan.partial_rollout and generation in SEGMENTED_MODES)
 
 
 def stale_data_source(config: DictConfig, synchronous_source: str, plan: AsyncPlan) -> tuple[str, AsyncPlan]:

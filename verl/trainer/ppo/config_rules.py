@@ -256,14 +256,13 @@ INERT_KEYS: dict[str, str] = {
                                                     "refilled",
     "trainer.v1.sampler.custom_sampler.path": "the training sampler is data.sampler's",
     "trainer.v1.sampler.custom_sampler.name": "the training sampler is data.sampler's",
-    **{f"trainer.v1.separate_async.{key}": "trainer.v1.trainer_mode=separate_async is not available yet"
-       for key in ("num_warmup_batches", "parameter_sync_step", *(f"hybrid_rollout.{leaf}" for leaf in (
-           "enable_switch", "switch_threshold_ratio", "adaptive_switch_threshold", "switch_threshold_step_up",
-           "switch_threshold_step_down", "switch_threshold_release_steps", "switch_cost_window_size")))},
+    **{f"trainer.v1.separate_async.hybrid_rollout.{key}": "idle training ranks are not lent to rollout: the rollout "
+       "ranks generate what the run trains on, the same samples either way"
+       for key in ("enable_switch", "switch_threshold_ratio", "adaptive_switch_threshold", "switch_threshold_step_up",
+                   "switch_threshold_step_down", "switch_threshold_release_steps", "switch_cost_window_size")},
     "async_training.trigger_parameter_sync_step": "on the training ranks the weights are pushed after every step's "
                                                   "update (trainer.v1.trainer_mode=colocate_async)",
     "async_training.require_batches": "each update takes one step's data.train_batch_size groups",
-    "async_training.partial_rollout": "the push waits for the generation in flight, which finishes on its weights",
     "async_training.use_trainer_do_validate": "validation runs on the rollout engines, after the step's push",
     "async_training.use_dynamic_resource_scheduling": "rollout and training share every rank",
     "ray_kwargs.timeline_json_file": "no Ray timeline is written",
@@ -299,11 +298,18 @@ def _changed(cfg: DictConfig, keys) -> list[str]:
     return found
 
 
+# Keys only trainer.v1.trainer_mode=separate_async reads (announced like INERT_KEYS in the other modes).
+SEPARATE_ASYNC_KEYS = ("trainer.v1.separate_async.num_warmup_batches", "trainer.v1.separate_async.parameter_sync_step",
+                       "actor_rollout_ref.rollout.nnodes", "actor_rollout_ref.rollout.n_gpus_per_node")
+
+
 def inert_keys_set(cfg: DictConfig, engine: str, device: str = "cpu") -> list[str]:
     """The INERT_KEYS set away from their defaults, the vLLM-only rollout keys when the run's engine (the run
     plan's `rollout_engine`, on `device`) is another, and the verl 0.9 keys Quiver's tree lacks that an override
     added. The HF engine reads rollout.dtype on CUDA (run_plan.hf_engine_dtype)."""
     keys = _changed(cfg, INERT_KEYS)
+    if cfg.trainer.v1.trainer_mode != "separate_async":
+        keys += _changed(cfg, SEPARATE_ASYNC_KEYS)
     if engine != "vllm":
         read = ENGINE_KEYS.get(engine, ()) + (("dtype",) if engine == "hf" and device == "cuda" else ())
         keys += _changed(cfg, [f"actor_rollout_ref.rollout.{key}" for key in VLLM_ONLY_KEYS if key not in read])
@@ -319,6 +325,9 @@ def announce_inert_keys(cfg: DictConfig, engine: str, device: str = "cpu") -> li
         shown = json.dumps(OmegaConf.to_container(value) if OmegaConf.is_config(value) else value)
         if key in INERT_KEYS:
             reason = INERT_KEYS[key]
+        elif key in SEPARATE_ASYNC_KEYS:
+            reason = (f"only trainer.v1.trainer_mode=separate_async reads it (this run's is "
+                      f"{cfg.trainer.v1.trainer_mode}); the training ranks generate")
         elif key in verl_only_keys():
             reason = f"a verl 0.9 key without a counterpart here: {verl_key_reason(key)}"
         else:

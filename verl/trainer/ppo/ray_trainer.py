@@ -29,6 +29,7 @@ from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_
 from verl.trainer.ppo.rollout_phase import RolloutPhase
 from verl.trainer.ppo.rollout_stream import RolloutStream
 from verl.trainer.ppo.run_plan import plan_training_steps
+from verl.trainer.ppo.separate_rollout import SeparateRollout
 from verl.trainer.ppo.staleness import VERSIONS, staleness_metrics, trajectory_staleness
 from verl.utils.callables import accepted_keywords
 from verl.utils.checkpoint.checkpoint_manager import (
@@ -110,6 +111,9 @@ class RayPPOTrainer(RolloutPhase):
         # A value model (verl's Role.Critic): critic.enable, or with null, exactly when the estimator is GAE.
         self.use_critic = plan.use_critic
         self.critic_wg = self.rm_wg = None  # built by init_workers
+        # separate_async's rollout ranks (separate_rollout.py) and their pool
+        self.separate_rollout: SeparateRollout | None = None
+        self.rollout_pool: RayResourcePool | None = None
         self._create_dataloader(train_dataset, val_dataset, collate_fn)
         self.global_steps = 0
         self.epoch = 0
@@ -164,13 +168,13 @@ class RayPPOTrainer(RolloutPhase):
         self.resource_pool = RayResourcePool([plan.ranks_per_node] * plan.nnodes, use_gpu=plan.device == "cuda",
                                              name_prefix="actor_rollout", max_colocate_count=plan.processes_per_rank)
         common = {"plan": plan, "plugins": list(cfg.trainer.plugins)}
-        role = "actor_rollout_ref" if self.use_reference_policy else "actor_rollout"
+        separate = plan.async_rl.separate  # rollout ranks of their own generate; the training ranks hold no engine
+        role = ("actor" if separate else "actor_rollout") + ("_ref" if self.use_reference_policy else "")
         worker_cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=role,
                                           seed=cfg.trainer.seed, **common)
-        worker_cls.own_process = plan.rollout.engine in PROCESS_BOUND_ENGINES
-        if plan.async_rl.overlaps:  # generations, the update and a push at once, in threads of each rank's process
-            generations = plan.async_rl.ahead if plan.async_rl.partial_rollout else 1
-            worker_cls.update_options({"max_concurrency": generations + 2})
+        worker_cls.own_process = plan.rollout.engine in PROCESS_BOUND_ENGINES and not separate
+        if plan.async_rl.overlaps and not separate:  # generations, the update and a push at once, in threads
+            worker_cls.update_options({"max_concurrency": self._generations_at_once() + 2})
         self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, name_prefix="actor_rollout",
                                                device=self.device, sequence_parallel=plan.actor.sequence_parallel)
         self.critic_wg = self.rm_wg = None
@@ -187,16 +191,47 @@ class RayPPOTrainer(RolloutPhase):
         self.actor_rollout_wg.init_model()
         for future in loading:
             future.get()
+        if separate:
+            self.separate_rollout = SeparateRollout(
+                self._make_rollout_group, lambda version: self.actor_rollout_wg.export_rollout_weights(version)[0])
         self.rank_nodes = [info["node_id"] for info in self.actor_rollout_wg.node_info()]
         if plan.nnodes > 1:
             where = ", ".join(f"rank {r}: node {node[:12]}" for r, node in enumerate(self.rank_nodes))
             print(f"[trainer] {self.n_ranks} ranks on {len(set(self.rank_nodes))} nodes ({where})")
-        engine = self.actor_rollout_wg.rollout_info()[0]
-        print(f"[trainer] rollout engine {engine['engine']} on {self.n_ranks} ranks"
+        engine = self.generation_wg.rollout_info()[0]
+        print(f"[trainer] rollout engine {engine['engine']} on {plan.generation_ranks}"
+              f"{' rollout ranks of their own' if separate else ' ranks'}"
               + (f" in tensor-parallel groups of {engine['tp_size']}" if engine["tp_size"] > 1 else ""))
         for reward_fn in (self.reward_fn, self.val_reward_fn):
             if hasattr(reward_fn, "attach_log_prob_fn"):  # a manager that scores with the current actor
                 reward_fn.attach_log_prob_fn(self._actor_log_probs)
+
+    @property
+    def generation_wg(self):
+        """The group that generates: separate_async's rollout ranks, else the training ranks' worker group."""
+        return self.separate_rollout or self.actor_rollout_wg
+
+    def _generations_at_once(self) -> int:
+        """Generation calls a generating rank runs at once: those ahead with partial rollout, else one."""
+        return self.plan.async_rl.ahead if self.plan.async_rl.partial_rollout else 1
+
+    def _make_rollout_group(self) -> RayWorkerGroup:
+        """separate_async's rollout ranks, loaded (separate_rollout.py): an engine per rank, no actor, in a resource
+        pool of their own (kept across restarts), taking the generations ahead and a push at once."""
+        cfg, plan, async_rl = self.config, self.plan, self.plan.async_rl
+        if self.rollout_pool is None:
+            # On one CPU node the rollout ranks share its cores with the training ranks.
+            shared_node = plan.device == "cpu" and plan.nnodes == 1 and async_rl.rollout_nnodes == 1
+            self.rollout_pool = RayResourcePool([async_rl.rollout_ranks_per_node] * async_rl.rollout_nnodes,
+                                                use_gpu=plan.device == "cuda", name_prefix="rollout",
+                                                cpu_neighbours=plan.n_ranks if shared_node else 0)
+        worker_cls = RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="rollout",
+                                          seed=cfg.trainer.seed, plan=plan, plugins=list(cfg.trainer.plugins))
+        worker_cls.own_process = plan.rollout.engine in PROCESS_BOUND_ENGINES
+        worker_cls.update_options({"max_concurrency": self._generations_at_once() + 2})
+        group = RayWorkerGroup(self.rollout_pool, worker_cls, name_prefix="rollout", device=self.device)
+        group.init_model()
+        return group
 
     def _actor_log_probs(self, data: DataProto) -> torch.Tensor:
         """`(bs, response_len)` log-probs of `data`'s responses under the current actor, at the rollout temperature,
@@ -206,11 +241,12 @@ class RayPPOTrainer(RolloutPhase):
         return unpad_dataproto(self.actor_rollout_wg.compute_log_prob(padded), pad_size).batch["old_log_probs"]
 
     def shutdown(self):
-        for name in ("actor_rollout_wg", "critic_wg", "rm_wg"):
+        for name in ("separate_rollout", "actor_rollout_wg", "critic_wg", "rm_wg"):
             if getattr(self, name, None) is not None:
                 getattr(self, name).shutdown()
-        if getattr(self, "resource_pool", None) is not None:
-            self.resource_pool.remove()
+        for name in ("resource_pool", "rollout_pool"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).remove()
 
     def _balance_batch(self, batch: DataProto, metrics: dict) -> None:
         """Reorder rows so that every rank gets about the same number of valid tokens (in place)."""
@@ -393,7 +429,14 @@ class RayPPOTrainer(RolloutPhase):
         logger = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
                           default_backend=cfg.trainer.logger, config=OmegaConf.to_container(cfg, resolve=True),
                           run_dir=self.checkpoint_root, resume_step=self.global_steps + 1 if self.global_steps else None)
-        if self.plan.async_rl.overlaps:
+        if self.separate_rollout is not None:
+            # The rollout ranks loaded model.path: they get the actor's weights (a resumed run's, LoRA's) first.
+            self.separate_rollout.push(self.actor_version)
+            self._stream = RolloutStream(self.plan.async_rl.ahead, self.actor_version, self._launch_rollout,
+                                         self.separate_rollout.push, interruptible=True, eager_push=True,
+                                         engine_threads=self._generations_at_once())
+            self._stream.reissue(self._pending_rollouts)
+        elif self.plan.async_rl.overlaps:
             if self.actor_version:  # the resumed weights the load pushed are this version
                 self.actor_rollout_wg.push_rollout_weights(self.actor_version)
             self._stream = RolloutStream(self.plan.async_rl.ahead, self.actor_version, self._launch_rollout,
@@ -410,6 +453,8 @@ class RayPPOTrainer(RolloutPhase):
             if self._stream is not None:  # after a failure the last push is not tried: its error would hide the first
                 self._stream.close(push_last=finished)
                 self._stream = None
+            if self.separate_rollout is not None and finished:
+                self.separate_rollout.wait()
 
     def _train_loop(self, logger: Tracking):
         cfg = self.config

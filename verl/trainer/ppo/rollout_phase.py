@@ -67,18 +67,19 @@ class RolloutPhase:
         return self._stream.call(lambda: self._generate_now(gen_batch, n))
 
     def _generate_now(self, gen_batch: DataProto, n: int) -> DataProto:
-        """n responses per prompt from the worker group (adjacent), padding to a multiple of the number of ranks.
+        """n responses per prompt from the generating ranks (adjacent), padding to a multiple of their number.
 
         Plain sampling and verl's agent loops get every prompt n times; the tool loop, and the agent loops with ARPO's
         branching, get each prompt once with meta_info["n"]: they make a prompt's n trajectories together
         (branches of one another) on one rank.
         """
+        group, ranks = self.generation_wg, self.plan.generation_ranks  # separate_async: the rollout ranks
         if self.plan.rollout.makes_groups:
             gen_batch.meta_info["n"] = n
-            padded, pad_size = pad_dataproto_to_divisor(gen_batch, self.n_ranks)
-            return unpad_dataproto(self.actor_rollout_wg.generate_sequences(padded), pad_size * n)
-        padded, pad_size = pad_dataproto_to_divisor(gen_batch.repeat(n, interleave=True), self.n_ranks)
-        return unpad_dataproto(self.actor_rollout_wg.generate_sequences(padded), pad_size)
+            padded, pad_size = pad_dataproto_to_divisor(gen_batch, ranks)
+            return unpad_dataproto(group.generate_sequences(padded), pad_size * n)
+        padded, pad_size = pad_dataproto_to_divisor(gen_batch.repeat(n, interleave=True), ranks)
+        return unpad_dataproto(group.generate_sequences(padded), pad_size)
 
     def _decode(self, batch: DataProto) -> tuple[list[str], list[str]]:
         """Prompt and response texts of a generated batch (for dumps and printed samples): the whole response the

@@ -46,16 +46,20 @@ class RolloutStream:
 
     interruptible: the ranks take a push between two engine calls of a generation in flight (partial rollout,
     verl/workers/rollout/versioned.py): the push then does not wait for the batches ahead, which run at once, one
-    engine thread each."""
+    engine thread each (`engine_threads`: fewer, for engines that take one call at a time).
+    eager_push: `push` pushes at once, on the caller's thread (separate_async: the rollout ranks are other processes,
+    whose loads do not hold the driver, separate_rollout.py)."""
 
     def __init__(self, ahead: int, version: int, prepare: Callable[[dict], tuple[Any, Callable[[int], Any]]],
-                 push: Callable[[int], Any], interruptible: bool = False):
+                 push: Callable[[int], Any], interruptible: bool = False, eager_push: bool = False,
+                 engine_threads: int | None = None):
         self.ahead = ahead
         self.version = version  # the weights the next submitted generation samples with
-        self.interruptible = interruptible
+        self.interruptible = interruptible or eager_push
+        self.eager_push = eager_push
         self._prepare, self._push = prepare, push
-        self._engine = ThreadPoolExecutor(max_workers=max(1, ahead) if interruptible else 1,
-                                          thread_name_prefix="engine-calls")
+        threads = engine_threads if engine_threads is not None else (max(1, ahead) if self.interruptible else 1)
+        self._engine = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="engine-calls")
         self._queue: deque[Launched] = deque()
         self._pending_push: int | None = None  # the version of an update not yet pushed
         self._reissue: deque[dict] = deque()
@@ -101,8 +105,10 @@ class RolloutStream:
 
     def push(self, version: int) -> None:
         """The actor's weights are now `version`: they are pushed when the engines are next idle, before the next
-        generation is submitted (see the module docstring)."""
+        generation is submitted (see the module docstring); with eager_push, now."""
         self._pending_push = version
+        if self.eager_push:
+            self._run_push()
 
     # ------------------------------------------------------------------------------------------- batches
     def _submit(self, batch_dict: dict) -> None:

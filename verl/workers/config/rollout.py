@@ -226,12 +226,18 @@ class PPORolloutConfig(RolloutConfig):
     log_prob_micro_batch_size_per_gpu: int | None
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int
+    nnodes: int  # rollout ranks of their own (trainer.v1.trainer_mode=separate_async); 0: the training ranks
+    n_gpus_per_node: int
     val_kwargs: ValKwargsConfig
 
     def check(self, problems: list[str]) -> None:
         super().check(problems)
         p = self.__config_prefix__
         need(self.n >= 1, f"{p}.n={self.n} must be a positive integer", problems)
+        need(self.nnodes >= 0, f"{p}.nnodes={self.nnodes} must be >= 0 (0: the rollout runs on the training ranks)",
+             problems)
+        need(self.n_gpus_per_node >= 1, f"{p}.n_gpus_per_node={self.n_gpus_per_node} must be a positive integer",
+             problems)
         need(self.name != "openai", f"{p}.name=openai sends requests to a served model, which serves evaluation "
              "(python -m verl.trainer.main_generation); training needs the engine to take the actor's new weights "
              "and give log-probs: use hf or vllm", problems)

@@ -48,6 +48,15 @@ class WeightsLock:
                 self._readers -= 1
                 self._cond.notify_all()
 
+    def wait_for_version(self, version: int, timeout_s: float) -> None:
+        """Until the weights are at least `version` (a push the driver sent before this call may still be on its
+        way: separate_async's loads run beside the driver); a TimeoutError after `timeout_s`."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.version >= version, timeout=timeout_s):
+                raise TimeoutError(f"the rollout engine waited {timeout_s:g} s for the weights of policy version "
+                                   f"{version}, which the driver pushed before this generation, and holds version "
+                                   f"{self.version}: the push did not arrive")
+
     @contextmanager
     def writing(self, version: int) -> Iterator[None]:
         """Hold the weights alone (the calls running now finish first); they are `version` afterwards."""
