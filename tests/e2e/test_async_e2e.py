@@ -155,3 +155,21 @@ def test_a_dead_rollout_rank_is_restarted_and_its_batch_sampled_again(ray_sessio
     assert all(math.isfinite(m["actor/pg_loss"]) for m in history)
     assert max(m["training/off_policy/trajectory_staleness/max"] for m in history) <= 1.0
     assert fingerprint == pytest.approx(actor, rel=1e-6)
+
+
+def test_a_resumed_separate_async_run_pushes_the_resumed_weights_and_keeps_the_bound(ray_session, tiny_model_dir,
+                                                                                    arithmetic_data_dir, tmp_path):
+    """The checkpoint holds the batch in flight and the policy version; the resumed run's rollout rank gets the
+    resumed weights before it samples that batch again, so the step after the resume is on-policy."""
+    import torch
+
+    overrides = tiny_overrides(tiny_model_dir, arithmetic_data_dir, *SEPARATE, "trainer.save_freq=1",
+                               f"trainer.default_local_dir={tmp_path}")
+    fit_trainer([*overrides, "trainer.total_training_steps=2"], tiny_model_dir)
+    state = torch.load(tmp_path / "global_step_2" / "data.pt", weights_only=False)
+    assert state["policy_version"] == 2 and len(state["pending_rollouts"]) == 1
+    trainer, resumed, _, after, _ = fit_trainer([*overrides, "trainer.total_training_steps=4"], tiny_model_dir)
+    assert [m["training/global_step"] for m in resumed] == [3, 4]
+    assert [m["training/off_policy/trajectory_staleness/max"] for m in resumed] == [0.0, 1.0]
+    assert trainer.actor_version == 4
+    assert trainer.rollout_fingerprint[0]["rollout"] == pytest.approx(after[0]["actor"], rel=1e-6)

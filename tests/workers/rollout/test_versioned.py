@@ -5,6 +5,7 @@ import copy
 import threading
 import time
 
+import pytest
 import torch
 from test_hf_rollout import PROMPTS, TagTokenizer, toy_model
 
@@ -69,3 +70,20 @@ def test_a_push_waits_for_running_calls_and_goes_before_later_ones():
     for thread in threads:
         thread.join(5)
     assert order == [("read", 0), ("read done", 0), ("write",), ("later read", 7)]
+
+
+def test_a_generation_waits_for_the_push_sent_before_it():
+    """separate_async: the driver's push loads beside it; a generation submitted after it takes the new weights."""
+    lock = WeightsLock()
+    seen = []
+    waiting = threading.Thread(target=lambda: (lock.wait_for_version(1, timeout_s=10), seen.append(lock.version)))
+    waiting.start()
+    time.sleep(0.05)
+    assert not seen
+    with lock.writing(1):
+        pass
+    waiting.join(5)
+    assert seen == [1]
+    lock.wait_for_version(0, timeout_s=0)  # an older version: at once
+    with pytest.raises(TimeoutError, match="policy version 2.*holds version 1"):
+        lock.wait_for_version(2, timeout_s=0.05)
