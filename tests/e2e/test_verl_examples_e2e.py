@@ -16,6 +16,7 @@ from verl_examples import (
     GRPO_QWEN2_5_3B_LORA,
     GRPO_QWEN2_7B,
     GRPO_V1_COLOCATE_ASYNC,
+    GRPO_V1_SEPARATE_ASYNC,
     GSPO_VERL_0_9,
     PPO_DEEPSEEK_7B,
 )
@@ -113,19 +114,22 @@ def test_a_verl_0_9_script_trains_with_its_async_mode_engine_and_keys(ray_sessio
     assert "is not one of Quiver's keys" not in printed
 
 
-@pytest.mark.parametrize("template, keys", [(GRPO_V1_COLOCATE_ASYNC, "trainer.v1"),
-                                           (GRPO_FULLY_ASYNC, "async_training")])
-def test_verls_async_keys_train_with_generation_ahead(template, keys, ray_session, tiny_model_dir, small_data,
+@pytest.mark.parametrize("template, keys, mode", [(GRPO_V1_COLOCATE_ASYNC, "trainer.v1", "colocate_async"),
+                                                 (GRPO_V1_SEPARATE_ASYNC, "trainer.v1", "separate_async"),
+                                                 (GRPO_FULLY_ASYNC, "async_training", "colocate_async")])
+def test_verls_async_keys_train_with_generation_ahead(template, keys, mode, ray_session, tiny_model_dir, small_data,
                                                     tmp_path, capsys):
-    """verl's v1 colocate_async keys, and its fully-async recipe's, on the GRPO example: the run samples the next batch
-    while it trains (step 2 trains a batch one policy version stale); the rollout is one engine per rank (TP 1)."""
+    """verl's v1 colocate_async and separate_async keys, and its fully-async recipe's, on the GRPO example: the run
+    samples the next batch while it trains (step 2 trains a batch one policy version stale); the rollout is one
+    engine per rank (TP 1), in separate_async on one rollout rank of its own."""
     from verl.trainer.main_ppo import main
 
     out = tmp_path / "async"
-    history = train(main, command(template, changes(small_data, out, tiny_model_dir, TP=1)), out)
+    history = train(main, command(template, changes(small_data, out, tiny_model_dir, TP=1, ROLLOUT_GPUS=1,
+                                                    SYNC_STEP=1)), out)
     assert [m["training/off_policy/trajectory_staleness/max"] for m in history] == [0.0, 1.0]
     plan = json.loads((out / "run_plan.json").read_text())
-    assert plan["async_rl"]["mode"] == "colocate_async" and plan["async_rl"]["keys"] == keys
+    assert plan["async_rl"]["mode"] == mode and plan["async_rl"]["keys"] == keys
     printed = capsys.readouterr().out
     assert "is not one of Quiver's keys" not in printed and "without a counterpart" not in printed
 

@@ -212,6 +212,15 @@ GRPO_V1_COLOCATE_ASYNC = [
     "trainer.v1.sampler.max_off_policy_strategy=drop",
 ]
 
+# The same in separate_async mode: rollout GPUs of their own (verl's actor_rollout_ref.rollout.nnodes x
+# n_gpus_per_node) beside the training GPUs; a push every parameter_sync_step mini-batches (train = sync x mini).
+GRPO_V1_SEPARATE_ASYNC = [
+    *GRPO_QWEN2_7B, "trainer.use_v1=True", "trainer.v1.trainer_mode=separate_async",
+    "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node={ROLLOUT_GPUS}",
+    "trainer.v1.separate_async.num_warmup_batches=1", "trainer.v1.separate_async.parameter_sync_step={SYNC_STEP}",
+    "trainer.v1.sampler.max_off_policy_threshold=4",
+]
+
 # The same example with the async_training keys of verl's fully-async recipe (docs/advance/fully_async.md).
 GRPO_FULLY_ASYNC = [
     *GRPO_QWEN2_7B, "async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=4",
