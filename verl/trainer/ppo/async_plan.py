@@ -1,5 +1,7 @@
 """How rollout and training overlap: verl's v1 keys (`trainer.v1.*`) and its fully-async recipe's
-(`async_training.*`), read once into the run plan's `AsyncPlan` (verl/utils/run_plan.py).
+(`async_training.*`), read once into the run plan's `AsyncPlan` (verl/utils/run_plan.py). colocate_async
+generates on the training ranks, beside the update (rollout_stream.py); separate_async on rollout ranks of their own,
+`actor_rollout_ref.rollout.nnodes` x `n_gpus_per_node` (separate_rollout.py).
 
 Staleness is counted in policy versions: the engine's weights are version v after the v-th push of the actor's
 weights (the actor's v-th update in the synchronous trainer). A trajectory sampled with version e and trained by
