@@ -103,15 +103,11 @@ class SeparateRollout:
         for attempt in range(1, PUSH_ATTEMPTS + 1):
             generation = self._generation
             try:
-                with self._lock:
-                    self.group.load_rollout_weights(package)
-                    self._package = package
+                self._load_once(package)
                 return
-            except ray.exceptions.RayActorError as error:
+            except ray.exceptions.RayActorError as error:  # a dead rank: restarted, then loaded
                 self._restart(generation, error)
-                with self._lock:
-                    self.group.load_rollout_weights(package)
-                    self._package = package
+                self._load_once(package)
                 return
             except Exception as error:  # a refused checksum, a rank that raised: send it again
                 if attempt == PUSH_ATTEMPTS:
@@ -121,6 +117,11 @@ class SeparateRollout:
                 self.load_retries += 1
                 print(f"[rollout] the weight push of version {package.version} failed (attempt {attempt} of "
                       f"{PUSH_ATTEMPTS}), sending it again: {str(error).splitlines()[-1][:300]}", flush=True)
+
+    def _load_once(self, package) -> None:
+        with self._lock:
+            self.group.load_rollout_weights(package)
+            self._package = package
 
     def shutdown(self) -> None:
         self._loader.shutdown(wait=True, cancel_futures=True)
