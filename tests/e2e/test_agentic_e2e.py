@@ -121,13 +121,13 @@ def test_async_tool_agent_trains_with_the_seed_python_tool(ray_session, tool_tas
     assert check_masks(trainer, batch) > 0
 
 
-@pytest.mark.parametrize("loop, ahead", [("tool_rounds", 2), ("agent_loops", 1)])
+@pytest.mark.parametrize("loop, ahead", [("tool_rounds", 2), ("agent_loops", 2)])
 def test_tool_trajectories_with_branches_train_within_the_bound_in_colocate_async(ray_session, tool_task, tmp_path,
                                                                                  loop, ahead):
     """trainer.v1.trainer_mode=colocate_async: the next batches' tool trajectories (their tool calls in the sandbox,
     ARPO's branches) sample while this batch trains. The tag-style tool rounds run two batches ahead with partial
-    rollout (a push goes between two rounds of a trajectory in flight); verl's agent loops (tool_agent, branching
-    inside the loop) one batch ahead, a push waiting for the batch in flight."""
+    rollout (a push goes between two rounds of a trajectory in flight); so do verl's agent loops (tool_agent,
+    branching inside the loop: a push goes between two batches of the engine server)."""
     model_dir, data_dir = tool_task
     mode = ([f"{ROLLOUT}.mode=async", f"{ROLLOUT}.agent.default_agent_loop=tool_agent"] if loop == "agent_loops"
             else [])
@@ -137,7 +137,7 @@ def test_tool_trajectories_with_branches_train_within_the_bound_in_colocate_asyn
         model_dir, probe_step=True)
     plan = trainer.plan.async_rl
     assert trainer.plan.rollout.generation == loop and plan.ahead == ahead
-    assert plan.partial_rollout == (loop == "tool_rounds")
+    assert plan.partial_rollout
     staleness = [m["training/off_policy/trajectory_staleness/max"] for m in history]
     assert staleness[0] == 0.0 and all(1.0 <= s <= ahead for s in staleness[1:])
     for m in history:

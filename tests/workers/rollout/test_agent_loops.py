@@ -450,3 +450,95 @@ def test_a_streaming_engine_takes_each_request_as_it_comes():
     assert max(engine.running) > 1  # requests ran together
     metrics = out.meta_info["metrics"]
     assert metrics["agent/engine_batches"][0] == len(engine.running)
+
+
+# ---------------------------------------------------------------------------------------------- partial rollout
+def versioned_hermes_manager(lock, beam_size=1):
+    """A hermes tool loop on a versioned engine whose echo tool pushes version 1 of the weights while it runs (as a
+    push of colocate_async lands while a loop waits on its tool)."""
+    from verl.workers.rollout.versioned import VersionedEngine
+
+    def push():
+        if lock.version == 0:
+            with lock.writing(1):
+                pass
+        return 0.0
+
+    def script(prompt, response):
+        if "<tool_response>" not in response:
+            return '<tool_call>{"name": "echo", "arguments": {"text": "x"}}</tool_call>$', 0.1
+        return " done$", 0.9
+    cfg = branching_config(beam_size=beam_size) if beam_size > 1 else config()
+    return AgentLoopManager(VersionedEngine(ScriptedEngine(script), lock), TOK, cfg,
+                            tools={"echo": EchoTool(delay=push)}, call_format=build_call_format("hermes", ["echo"], TOK))
+
+
+def segments(row_versions, row_mask):
+    """Runs of (version, mask) along a row's response."""
+    runs = []
+    for v, m in zip(row_versions.tolist(), row_mask.tolist()):
+        if not runs or runs[-1] != (v, m):
+            runs.append((v, m))
+    return runs
+
+
+def test_a_push_during_a_tool_call_continues_the_loop_on_the_new_weights_with_its_versions():
+    """Partial rollout in verl's agent loops: the weights change while a tool_agent loop waits on its tool; the turn
+    after the result samples the new weights, and each token carries the version that sampled it (tool tokens -1)."""
+    from verl.workers.rollout.versioned import WeightsLock
+
+    lock = WeightsLock()
+    out = run(versioned_hermes_manager(lock), prompts(["q0", "q1"], agent_name=["tool_agent"] * 2))
+    versions, mask = out.batch["response_policy_versions"], out.batch["response_mask"]
+    assert lock.version == 1
+    for row in range(2):
+        length = int(out.batch["attention_mask"][row, -mask.shape[1]:].sum())
+        # the call turn on version 0, the tool result out of the loss, the answer on version 1, then padding
+        assert segments(versions[row, :length], mask[row, :length]) == [(0, 1), (-1, 0), (1, 1)]
+        assert torch.all(versions[row, length:] == -1)
+    assert response_texts(out)[0].endswith(" done")
+
+
+def test_branches_inherit_their_prefix_versions_and_sample_their_own_on_the_new_weights():
+    """ARPO inside the agent loop, with a push during the first tool call: the initial loop and its branches share
+    the prefix sampled on version 0 and sample their continuations on version 1; the refill, started after them,
+    samples all of it on version 1."""
+    from verl.workers.rollout.versioned import WeightsLock
+
+    lock = WeightsLock()
+    out = versioned_hermes_manager(lock, beam_size=3).generate_sequences(
+        prompts(["q0"]), PARAMS, 400, pad_token_id=EOS, n=4, branching=True)
+    versions, mask = out.batch["response_policy_versions"], out.batch["response_mask"]
+    metrics = out.meta_info["metrics"]
+    assert metrics["rollout/branches_per_prompt"] == [2.0] and metrics["rollout/refills_per_prompt"] == [1.0]
+    runs = []
+    for row in range(4):
+        length = int(out.batch["attention_mask"][row, -mask.shape[1]:].sum())
+        runs.append(segments(versions[row, :length], mask[row, :length]))
+    assert runs == [[(0, 1), (-1, 0), (1, 1)]] * 3 + [[(1, 1), (-1, 0), (1, 1)]]
+
+
+def test_loops_that_record_no_versions_get_their_completions_versions_in_order():
+    """A user loop (or single_turn_agent) does not stamp its tokens: the server's record of the completions each
+    loop got is laid over its sampled tokens in order; an engine that counts no versions lays out none."""
+    from verl.workers.rollout.agent_loops import stamp_versions
+    from verl.workers.rollout.engine_server import LoopState
+    from verl.workers.rollout.versioned import VersionedEngine, WeightsLock
+
+    state = LoopState(row=0, completions=[(3, 2), (4, 3)])
+    out = stamp_versions(AgentLoopOutput(prompt_ids=[1], response_ids=list(range(8)),
+                                         response_mask=[1, 1, 0, 0, 1, 1, 1, 1]), state)
+    # 2 tokens of version 3, two tool tokens, 3 of version 4, and one the loop added beyond them: the last version
+    assert out.extra_fields["response_policy_versions"] == [3, 3, -1, -1, 4, 4, 4, 4]
+    unversioned = stamp_versions(AgentLoopOutput(prompt_ids=[1], response_ids=[5], response_mask=[1]),
+                                 LoopState(row=0, completions=[(None, 1)]))
+    assert unversioned.extra_fields["response_policy_versions"] is None
+
+    lock = WeightsLock(version=2)
+    engine = VersionedEngine(ScriptedEngine(lambda prompt, response: f"answer {prompt}$"), lock)
+    out = run(AgentLoopManager(engine, TOK, config()), prompts(["a", "b"]))
+    mask = out.batch["response_mask"].bool()
+    assert torch.all(out.batch["response_policy_versions"][mask] == 2)
+    assert torch.all(out.batch["response_policy_versions"][~mask] == -1)
+    plain = run(AgentLoopManager(ScriptedEngine(lambda prompt, response: "x$"), TOK, config()), prompts(["a"]))
+    assert "response_policy_versions" not in plain.batch

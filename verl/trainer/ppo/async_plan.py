@@ -25,8 +25,9 @@ rollout_is_threshold) on top of the actor's policy loss.
 Partial rollout (verl's colocate_async at the sync point; the fully-async recipe's async_training.partial_rollout):
 the push of new weights goes between two engine calls of the trajectories in flight, which continue on the new
 weights, their tokens stamped with the version that sampled them (verl/workers/rollout/versioned.py); the batches
-ahead then generate at once. Without it (verl's agent loops, or partial_rollout=false) a push waits for the
-generations in flight.
+ahead then generate at once. verl's agent loops take it between two batches of the engine server (a loop waiting
+on a tool, or on its next turn, goes on with the new weights). Without it (partial_rollout=false, or vLLM's
+separate_async engine) a push waits for the generations in flight.
 """
 
 from __future__ import annotations
@@ -64,9 +65,9 @@ def _fully_async(config: DictConfig) -> AsyncPlan | None:
 
 
 # Generation modes whose trajectories a push can interrupt between two engine calls (verl/workers/rollout/versioned.py):
-# plain sampling (a batch is one call) and the tool rounds (one call per round). verl's agent loops hold the weights
-# for their whole batch.
-SEGMENTED_MODES = ("plain", "tool_rounds")
+# plain sampling (a batch is one call), the tool rounds (one call per round) and verl's agent loops (one call per
+# batch of the engine server, engine_server.py: a turn of each loop that asked).
+SEGMENTED_MODES = ("plain", "tool_rounds", "agent_loops")
 
 
 def plan_async(config: DictConfig, engine: str, share_cpu_engine: bool, generation: str = "plain") -> AsyncPlan:

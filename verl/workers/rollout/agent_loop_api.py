@@ -42,6 +42,9 @@ class TokenOutput:
     stop_reason: str | int | None = None
     top_log_probs: list[list[float]] | None = None  # with sampling_params["top_logprobs"] = k (ARPO's entropy)
     num_preempted: int | None = None
+    # Quiver's: the policy version of the weights that sampled these tokens, where the engine counts them (a run that
+    # generates ahead of the update, verl/workers/rollout/versioned.py); None otherwise.
+    policy_version: int | None = None
 
 
 @dataclass

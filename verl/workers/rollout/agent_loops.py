@@ -41,6 +41,38 @@ from verl.workers.rollout.layout import layout_responses, unpadded_prompts
 from verl.workers.rollout.modes import uses_async_agent
 
 
+VERSIONS = "response_policy_versions"
+
+
+def stamp_versions(output: AgentLoopOutput, state: LoopState) -> AgentLoopOutput:
+    """`output` with `extra_fields["response_policy_versions"]`: per response token the policy version that sampled
+    it (-1 on tool tokens), or None where the engine counts no versions. A loop that recorded them (tool_agent, whose
+    branches inherit their prefix's) is taken at its word; for any other loop the versions of the completions it got
+    (`state.completions`, in order) are laid over its sampled tokens (mask 1) in order -- right for every loop that
+    appends what the engine returns, as verl's loops do; sampled tokens beyond the completions' count take the last
+    version."""
+    mask = list(output.response_mask)
+    recorded = output.extra_fields.get(VERSIONS)
+    if recorded is not None and len(recorded) == len(mask) and all(v >= 0 for v, m in zip(recorded, mask) if m):
+        return output
+    completions = state.completions
+    if not completions or any(version is None for version, _ in completions):
+        output.extra_fields[VERSIONS] = None
+        return output
+    versions, k, left = [], 0, completions[0][1]
+    for m in mask:
+        if not m:
+            versions.append(-1)
+            continue
+        while left == 0 and k + 1 < len(completions):
+            k += 1
+            left = completions[k][1]
+        versions.append(completions[k][0])
+        left -= 1
+    output.extra_fields[VERSIONS] = versions
+    return output
+
+
 # ---------------------------------------------------------------------------------------------- set-up
 def load_agent_tools(rollout: Any) -> dict[str, Any]:
     """The tools of mode=async, by name: verl's tool YAML (`multi_turn.tool_config_path`), function tools
@@ -196,7 +228,7 @@ class AgentLoopManager:
                 state = LoopState(row=i)
                 CURRENT_LOOP.set(state)
                 try:
-                    results[i] = await make_loop(names[i]).run(dict(sampling), **row_kwargs(i))
+                    results[i] = stamp_versions(await make_loop(names[i]).run(dict(sampling), **row_kwargs(i)), state)
                 except BaseException as err:  # reported after every loop has finished
                     errors[i] = err
                 finally:
@@ -285,9 +317,9 @@ class AgentLoopManager:
             state = LoopState(row=p * (1 << 20) + slot)  # batches keep prompt, then creation, order
             CURRENT_LOOP.set(state)
             try:
-                results[slot] = await make_loop("tool_agent").run(
+                results[slot] = stamp_versions(await make_loop("tool_agent").run(
                     dict(sampling), **kwargs, _trace=trace, _branch_hook=on_branch_point,
-                    _entropy=lambda out: segment_entropy(out, cfg, vocab))
+                    _entropy=lambda out: segment_entropy(out, cfg, vocab)), state)
             except BaseException as err:
                 errors[p * n + min(slot, n - 1)] = err
             finally:
@@ -330,8 +362,10 @@ class AgentLoopManager:
             extra["agent_reward_score"] = [r.reward_score for r in results]
         if any("tool_rewards" in r.extra_fields for r in results):
             extra["tool_rewards"] = [float(r.extra_fields.get("tool_rewards", 0.0)) for r in results]
+        versions = [r.extra_fields.get(VERSIONS) for r in results]
         return layout_responses(
             padded, responses, response_length, pad_token_id,
+            versions=[list(v)[:response_length] for v in versions] if all(v is not None for v in versions) else None,
             response_mask=[list(r.response_mask)[:response_length] for r in results],
             log_probs=[list(r.response_logprobs or [0.0] * len(r.response_ids))[:response_length] for r in results],
             entropies=[list(r.extra_fields.get("response_entropies") or [0.0] * len(r.response_ids))[:response_length]

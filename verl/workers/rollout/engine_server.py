@@ -25,7 +25,7 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from verl.workers.rollout.agent_loop_api import TokenOutput
@@ -37,11 +37,13 @@ FIRST_REQUEST_WAIT_S = 2.0
 
 @dataclass
 class LoopState:
-    """One running loop: the row its requests are ordered by, whether it has asked yet, how many it has made."""
+    """One running loop: the row its requests are ordered by, whether it has asked yet, how many it has made, and
+    per completion it got (in order) the policy version that sampled it and how many tokens it had."""
 
     row: int
     asked: bool = False
     requests: int = 0
+    completions: list[tuple[int | None, int]] = field(default_factory=list)
 
 
 CURRENT_LOOP: contextvars.ContextVar[LoopState | None] = contextvars.ContextVar("agent_loop", default=None)
@@ -53,12 +55,20 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: concurrent.futures.Future
+    state: LoopState | None = None
+
+    def answer(self, out) -> None:
+        """Give the loop the engine's completion, recorded in its LoopState."""
+        if self.state is not None:
+            self.state.completions.append((out.policy_version, len(out.token_ids)))
+        self.future.set_result(_token_output(out))
 
 
 def _token_output(out) -> TokenOutput:
     """A loop's TokenOutput of an engine's CompletionOutput."""
     return TokenOutput(token_ids=list(out.token_ids), log_probs=list(out.log_probs), entropies=list(out.entropies),
-                       finish_reason=out.finish_reason, stop_reason=out.stop_reason, top_log_probs=out.top_log_probs)
+                       finish_reason=out.finish_reason, stop_reason=out.stop_reason, top_log_probs=out.top_log_probs,
+                       policy_version=out.policy_version)
 
 
 class EngineServer:
@@ -90,7 +100,7 @@ class EngineServer:
                     self._fresh -= 1
                 state.requests += 1
             order = (state.row, state.requests) if state is not None else (1 << 62, len(self._pending))
-            self._pending.append(_Request(order, [int(t) for t in prompt_ids], params, future))
+            self._pending.append(_Request(order, [int(t) for t in prompt_ids], params, future, state))
             self._cond.notify_all()
         return await asyncio.wrap_future(future)
 
@@ -188,7 +198,7 @@ class EngineServer:
                 in_flight.clear()
                 continue
             for request_id, out in finished:
-                in_flight.pop(request_id).future.set_result(_token_output(out))
+                in_flight.pop(request_id).answer(out)
 
     def _run(self, batch: list[_Request]) -> None:
         self.batch_sizes.append(len(batch))
@@ -203,4 +213,4 @@ class EngineServer:
                     r.future.set_exception(err)
                 continue
             for r, (out, *_) in zip(requests, outputs):
-                r.future.set_result(_token_output(out))
+                r.answer(out)

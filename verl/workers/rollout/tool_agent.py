@@ -78,7 +78,8 @@ class ToolAgentLoop(AgentLoopBase):
                 out = await self.server_manager.generate(new_request_id(), prompt_ids=prompt_ids + trace.response,
                                                          sampling_params=params)
                 metrics.generate_sequences += time.perf_counter() - start
-                trace.extend(out.token_ids, out.log_probs, out.entropies or [0.0] * len(out.token_ids), mask=1)
+                trace.extend(out.token_ids, out.log_probs, out.entropies or [0.0] * len(out.token_ids), mask=1,
+                             version=out.policy_version)
                 trace.assistant_turns += 1
                 finish, stop_reason = out.finish_reason, out.stop_reason
                 if entropy is not None:
@@ -119,7 +120,8 @@ class ToolAgentLoop(AgentLoopBase):
             response_logprobs=trace.log_probs[:n], num_turns=1 + trace.assistant_turns + trace.user_turns,
             metrics=metrics,
             extra_fields={"response_entropies": trace.entropies[:n], "finish_reason": finish,
-                          "stop_reason": stop_reason, "tool_calls": trace.calls, "tool_rewards": trace.reward})
+                          "stop_reason": stop_reason, "tool_calls": trace.calls, "tool_rewards": trace.reward,
+                          "response_policy_versions": trace.versions[:n]})
 
     # ------------------------------------------------------------------------------------------ pieces
     async def _prompt_ids(self, row: dict[str, Any]) -> list[int]:
