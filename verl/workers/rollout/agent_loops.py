@@ -40,7 +40,6 @@ from verl.workers.rollout.engine_server import CURRENT_LOOP, EngineServer, LoopS
 from verl.workers.rollout.layout import layout_responses, unpadded_prompts
 from verl.workers.rollout.modes import uses_async_agent
 
-
 VERSIONS = "response_policy_versions"
 
 
