@@ -156,7 +156,8 @@ def test_dynamic_bsz_kl_in_reward_entropy_bonus_and_cosine_schedule(ray_session,
 def test_on_policy_steps_skip_the_old_log_prob_pass(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
     """One mini-batch per step (bypass_mode=auto): no actor pass before the update, the actor's own detached
     log-probs serve as old ones, and the update still moves the weights with a finite loss; with two mini-batches
-    the HF engine's log-probs are the old ones."""
+    the HF engine's log-probs are the old ones. The rollout-actor gap is measured all the same, by the update's
+    forward on its first mini-batch (the whole batch with one mini-batch, half of it with two)."""
     from e2e_utils import fit_trainer
 
     for mini, recomputed in ((8, 0.0), (4, 0.0)):
@@ -167,7 +168,11 @@ def test_on_policy_steps_skip_the_old_log_prob_pass(ray_session, tiny_model_dir,
         for m in history:
             assert m["actor/old_log_prob_recomputed"] == recomputed
             assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/entropy"])
-            assert "training/rollout_actor_logprob_diff_max" not in m
+            assert m["training/rollout_actor_logprob_diff_max"] < 1e-3 and m["training/rollout_k3_kl"] < 1e-6
+            assert 0.0 <= m["training/rollout_logprob_equal_frac"] <= 1.0
+        for m in history:  # the step's response tokens (every response token trains in plain sampling)
+            tokens, measured = m["response_length/mean"] * len(batch), m["training/rollout_gap_tokens"]
+            assert measured == pytest.approx(tokens) if mini == 8 else 0 < measured < tokens
         assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
         if mini == 4:  # the engine's log-probs became the old ones
             assert torch.equal(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"])

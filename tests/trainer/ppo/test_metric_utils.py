@@ -66,5 +66,39 @@ def test_the_rollout_actor_gap_in_log_probs_and_in_verls_probabilities():
     assert metrics["training/rollout_probs_diff_mean"] == pytest.approx(float(diffs.mean()))
     assert metrics["training/rollout_probs_diff_std"] == pytest.approx(float(diffs.std(unbiased=False)))
     assert metrics["training/rollout_actor_logprob_diff_max"] == pytest.approx(math.log(2))
+    assert metrics["training/rollout_actor_logprob_diff_mean"] == pytest.approx(2 * math.log(2) / 6 * 0.5
+                                                                              + math.log(1.5) / 6)
+    # k3 with rho = p_old / p_rollout: 2 - 1 - log 2 for the first token, 2/3 - 1 - log(2/3) for the other
+    assert metrics["training/rollout_k3_kl"] == pytest.approx(
+        ((1 - math.log(2)) + (2 / 3 - 1 - math.log(2 / 3))) / 6)
+    assert metrics["training/rollout_logprob_equal_frac"] == pytest.approx(4 / 6)
+    assert metrics["training/rollout_gap_tokens"] == 6
     batch.meta_info["old_log_prob_source"] = "rollout"  # compared with themselves: nothing to measure
     assert "training/rollout_probs_diff_max" not in compute_data_metrics(batch)
+
+
+def test_gap_sums_of_micro_batches_and_ranks_add_up_to_the_whole_batchs_metrics():
+    """Workers return the gap as sums per micro-batch (verl/utils/rollout_gap.py); the driver adds them up, so the
+    metrics equal those of the whole batch at once, std and max included, not a mean of per-rank means."""
+    from verl.utils.rollout_gap import gap_metrics, gap_sums, pop_worker_sums, worker_metrics
+
+    torch.manual_seed(0)
+    rollout = torch.randn(6, 5).clamp(max=0) - 0.1
+    actor = rollout + 0.05 * torch.randn(6, 5)
+    actor[0, :2] = rollout[0, :2]  # bit-equal tokens
+    mask = torch.ones(6, 5)
+    mask[2, 3:] = 0
+    whole = gap_metrics(gap_sums(rollout, actor, mask))
+    metrics = {"actor/pg_loss": [0.1, 0.2]}
+    for rows in (slice(0, 2), slice(2, 3), slice(3, 6)):  # three micro-batches over two "ranks"
+        for key, values in worker_metrics(gap_sums(rollout[rows], actor[rows], mask[rows])).items():
+            metrics.setdefault(key, []).extend(values)
+    parts = gap_metrics(pop_worker_sums(metrics))
+    assert set(metrics) == {"actor/pg_loss"}  # the sums left the worker's metrics
+    assert parts.keys() == whole.keys()
+    for key in whole:
+        assert parts[key] == pytest.approx(whole[key], rel=1e-9), key
+    assert whole["training/rollout_logprob_equal_frac"] == pytest.approx(2 / 28)
+    assert whole["training/rollout_gap_tokens"] == 28
+    assert gap_metrics(gap_sums(rollout, actor, torch.zeros(6, 5))) == {}
+    assert pop_worker_sums({"actor/pg_loss": [0.1]}) is None

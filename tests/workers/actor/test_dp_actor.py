@@ -539,3 +539,29 @@ def test_truncated_is_weights_by_hand():
     behaviour = torch.log(torch.tensor([[0.25, 0.4, 0.3]]))
     weights = truncated_is_weights(proximal, behaviour, torch.tensor([[1, 1, 0]]), threshold=1.5)
     torch.testing.assert_close(weights, torch.tensor([[1.5, 1.0, 0.0]]))  # 2 truncated to 1.5; masked: 0
+
+
+def test_without_an_old_log_prob_pass_the_update_measures_the_rollout_gap_on_its_first_mini_batch():
+    """old_log_prob_source != recompute: the update's forward on its first mini-batch (the weights that sampled it)
+    gives the rollout-actor gap sums; the later mini-batches, after an optimizer step, give none."""
+    from verl.utils.rollout_gap import gap_metrics, gap_sums, pop_worker_sums
+
+    model = _model()
+    data = _batch(model)
+    rollout = data.batch["old_log_probs"].clone()
+    data.batch["rollout_log_probs"] = rollout
+    data.meta_info["old_log_prob_source"] = "rollout"
+    _, metrics = _update(model, data, ppo_mini_batch_size=3)
+    assert len(metrics["actor/grad_norm"]) == 2
+    measured = gap_metrics(pop_worker_sums(metrics))
+    with torch.no_grad():
+        logits = model(input_ids=data.batch["input_ids"], attention_mask=data.batch["attention_mask"],
+                       position_ids=data.batch["position_ids"]).logits[:, PROMPT - 1: -1] / 0.7
+    actor = logprobs_from_logits(logits, data.batch["responses"])
+    first = gap_metrics(gap_sums(rollout[:3], actor[:3], data.batch["response_mask"][:3]))
+    assert measured["training/rollout_gap_tokens"] == first["training/rollout_gap_tokens"] == 6 + 1 + 3
+    for key in first:
+        assert measured[key] == pytest.approx(first[key], rel=1e-4, abs=1e-6), key
+    data.meta_info["old_log_prob_source"] = "recompute"  # the driver measured it in the pass
+    _, metrics = _update(model, data, ppo_mini_batch_size=3)
+    assert pop_worker_sums(metrics) is None

@@ -11,6 +11,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.memory import name_out_of_memory
+from verl.utils.rollout_gap import gap_metrics, gap_sums
 from verl.utils.torch_functional import masked_mean
 
 
@@ -82,17 +83,10 @@ def compute_data_metrics(batch: DataProto) -> dict[str, float]:
         metrics["actor/entropy"] = masked_mean(batch.batch["entropys"], response_mask).item()
     recomputed = batch.meta_info.get("old_log_prob_source", "recompute") == "recompute"
     if recomputed and "rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch:
-        # How far the rollout engine's log-probs are from the actor's on the same weights (should be ~0).
-        diff = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs()[response_mask]
-        metrics["training/rollout_actor_logprob_diff_max"] = diff.max().item() if diff.numel() else 0.0
-        metrics["training/rollout_actor_logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
-        # verl's names: the same gap in probabilities, |pi_rollout(y_t) - pi_old(y_t)| (with stale data pi_old is
-        # the weights before this update, so the gap holds the policy's change since sampling too).
-        probs = (batch.batch["rollout_log_probs"].exp() - batch.batch["old_log_probs"].exp()).abs()[response_mask]
-        if probs.numel():
-            metrics.update({"training/rollout_probs_diff_mean": probs.mean().item(),
-                            "training/rollout_probs_diff_max": probs.max().item(),
-                            "training/rollout_probs_diff_std": probs.std(unbiased=False).item()})
+        # How far the rollout engine's log-probs are from the actor's on the same weights (verl/utils/rollout_gap.py;
+        # without this pass the update measures it, ray_trainer.py).
+        metrics.update(gap_metrics(gap_sums(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
+                                            response_mask)))
     return metrics
 
 

@@ -42,6 +42,7 @@ from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
 from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
 from verl.utils.phases import Phase
+from verl.utils.rollout_gap import gap_metrics, pop_worker_sums
 from verl.utils.run_plan import RunPlan
 from verl.utils.seqlen_balancing import balance_batch_partitions
 from verl.utils.torch_functional import masked_mean
@@ -341,7 +342,10 @@ class RayPPOTrainer(RolloutPhase):
         if self.global_steps > cfg.trainer.critic_warmup:
             with phase_timer(Phase.UPDATE_ACTOR.timer, timing):
                 update = self.actor_rollout_wg.update_actor(batch)
+            gap = pop_worker_sums(update.meta_info["metrics"])  # measured in the update where no pass ran
             metrics.update(reduce_metrics(update.meta_info["metrics"]))
+            if gap is not None:
+                metrics.update(gap_metrics(gap))
             self.actor_version += 1
             if self._stream is not None:  # after the generations submitted ahead, which sample the old weights
                 self._stream.push(self.actor_version)

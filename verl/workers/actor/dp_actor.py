@@ -30,6 +30,7 @@ from verl.utils.packing import (
     unpack_responses,
     uses_varlen_attention,
 )
+from verl.utils.rollout_gap import gap_sums, worker_metrics
 from verl.utils.run_plan import MicroBatches, UpdateBatches
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
 from verl.utils.torch_functional import LOGITS_CHUNK, logprobs_and_entropy, masked_mean
@@ -342,7 +343,11 @@ class DataParallelPPOActor:
         # the importance weight proximal / behaviour is made here, per micro-batch (async_plan.py).
         decoupled_c = data.meta_info.get("decoupled_is_threshold")
         in_update_weights = decoupled_c is not None and not has_is_weights and not has_old
-        if in_update_weights:
+        # Where no old-log-prob pass ran (run_plan's old_log_prob_source), the rollout-actor gap is measured here on
+        # the first mini-batch, whose forward runs on the weights that sampled it (verl/utils/rollout_gap.py).
+        measure_gap = (data.meta_info.get("old_log_prob_source", "recompute") != "recompute"
+                       and "rollout_log_probs" in data.batch.keys())
+        if in_update_weights or measure_gap:
             keys.append("rollout_log_probs")
         if has_old:
             keys.append("old_log_probs")
@@ -353,12 +358,16 @@ class DataParallelPPOActor:
                              f"sequences per rank in mini-batches of {mini}")
         metrics = defaultdict(list)
 
-        for micro_batches in ppo_mini_batches(data.select(batch_keys=keys).batch, cfg, self.batches):
+        for index, micro_batches in enumerate(ppo_mini_batches(data.select(batch_keys=keys).batch, cfg, self.batches)):
             for micro_batch, weight in micro_batches:
                 mask = micro_batch["response_mask"]
                 with offloaded_activations(self.activation_offload, self.actor_module):
                     entropy, log_prob, _ = self._forward_micro_batch(micro_batch, temperature,
                                                                      objective.needs_entropy)
+                if measure_gap and index == 0:
+                    for name, values in worker_metrics(gap_sums(micro_batch["rollout_log_probs"], log_prob,
+                                                                mask)).items():
+                        metrics[name].extend(values)
                 token_entropy = entropy.detach() if entropy is not None else None
                 is_weights = micro_batch["rollout_is_weights"] if has_is_weights else None
                 if in_update_weights:
