@@ -26,14 +26,16 @@ import tempfile
 
 from grpo_step import PRESETS, SHAPE_FLAGS
 
-ENGINES = {"hf": ("hf", False), "hf_static": ("hf", True), "vllm": ("vllm", None)}
+ENGINES = {"hf": ("hf", False), "hf_static": ("hf", True), "vllm": ("vllm", None),
+           # rollout.exact=true: the batch-invariant kernels on both sides (verl/utils/exact_kernels.py)
+           "hf_exact": ("hf", False), "hf_static_exact": ("hf", True)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engines", default="hf,hf_static,vllm",
+    parser.add_argument("--engines", default="hf,hf_static,vllm,hf_exact,hf_static_exact",
                         help="comma list of hf (eager decode loop), hf_static (the static KV cache / CUDA-graph "
-                             "loop), vllm")
+                             "loop), vllm, and the HF loops in exact mode: hf_exact, hf_static_exact")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a real model's shape, random weights")
     for flag in SHAPE_FLAGS:
@@ -57,6 +59,7 @@ def child(args: argparse.Namespace, model_dir: str, engine_key: str, dtype_name:
 
     from verl.demo.arithmetic import make_arithmetic_rows
     from verl.protocol import DataProto
+    from verl.utils.exact_kernels import make_exact
     from verl.utils.rollout_gap import gap_metrics, gap_sums
     from verl.utils.torch_functional import compute_position_id_with_mask, pad_2d_list_to_tensor
     from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -69,12 +72,17 @@ def child(args: argparse.Namespace, model_dir: str, engine_key: str, dtype_name:
     name, static = ENGINES[engine_key]
     dtype = getattr(torch, dtype_name)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    actor_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device)
+    exact = engine_key.endswith("_exact")
+
+    def load():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        return make_exact(model) if exact else model
+    actor_model = load().to(args.device)
     config = {"prompt_length": 128, "response_length": args.response_length, "max_num_seqs": 1024,
               "dtype": dtype_name}
     engine = get_rollout_cls(name).build(
         model_path=model_dir, tokenizer=tokenizer, config=config, device=args.device, seed=args.seed,
-        load_module=lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype),
+        load_module=load,
         weights_follow=True, **({"static_decode": static} if name == "hf" else {}))
     engine.update_weights(list(actor_model.state_dict().items()))
 

@@ -180,6 +180,28 @@ def test_on_policy_steps_skip_the_old_log_prob_pass(ray_session, tiny_model_dir,
             assert "old_log_probs" not in batch.batch.keys()
 
 
+def test_exact_rollout_trains_with_the_engines_log_probs_equal_to_the_actors(ray_session, tiny_model_dir,
+                                                                             arithmetic_data_dir, tmp_path):
+    """rollout.exact=true on 2 ranks with two mini-batches (an off-policy second one): no old-log-prob pass (the
+    engine's log-probs are the old ones), and the update's forward on the first mini-batch gives every sampled token
+    the engine's log-prob bit for bit, every step."""
+    from e2e_utils import fit_trainer
+
+    trainer, history, before, after, batch = fit_trainer(
+        tiny_overrides(tiny_model_dir, arithmetic_data_dir, "actor_rollout_ref.rollout.exact=true",
+                       "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.total_training_steps=3",
+                       f"trainer.default_local_dir={tmp_path}"),
+        tiny_model_dir, probe_step=True)
+    assert trainer.plan.rollout.exact and trainer.plan.old_log_prob_source == "rollout"
+    for m in history:
+        assert m["actor/old_log_prob_recomputed"] == 0.0
+        assert m["training/rollout_logprob_equal_frac"] == 1.0, m["training/rollout_logprob_equal_frac"]
+        assert m["training/rollout_actor_logprob_diff_max"] == 0.0 and m["training/rollout_k3_kl"] == 0.0
+        assert m["training/rollout_gap_tokens"] > 0 and math.isfinite(m["actor/pg_loss"])
+    assert all(abs(a["actor"] - b["actor"]) > 1e-6 for a, b in zip(after, before))
+    assert torch.equal(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"])
+
+
 def test_one_shared_cpu_engine_serves_both_ranks(ray_session, tiny_model_dir, arithmetic_data_dir, tmp_path):
     """share_cpu_engine=true: rank 0 alone holds the HF engine and generates for both ranks; each rank gets its own
     share of the batch, the engine gets the updated weights, and its log-probs are the actor's."""

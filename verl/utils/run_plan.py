@@ -106,6 +106,8 @@ class RolloutPlan:
     hf_engine_dtype: str
     seed: int | None = None  # rollout.seed
     tensor_parallel: int = 1  # rollout.tensor_model_parallel_size: ranks of one engine
+    # rollout.exact: the actor and the HF engine run the batch-invariant kernels (verl/utils/exact_kernels.py)
+    exact: bool = False
 
     def engine_seed(self, rank: int) -> int | None:
         """The seed a rank's engine is built with: None for the HF engine, which samples from the rank's torch RNG

@@ -22,6 +22,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils.checkpoint.fsdp_checkpoint_manager import load_rank_checkpoint
+from verl.utils.exact_kernels import make_exact
 from verl.utils.fsdp_utils import compile_layers, fsdp_mesh, move_optimizer_state, offloads_optimizer_state, shard_model
 from verl.utils.import_utils import import_external_libs
 from verl.utils.lora import apply_lora, load_lora_adapter, lora_scaling, merge_lora_items
@@ -106,7 +107,7 @@ class ActorRolloutRefWorker(Worker):
         module = self._load_hf_model(self.plan.rollout.hf_engine_dtype)
         if uses_varlen_attention(module.config):
             module.set_attn_implementation("sdpa")
-        return module
+        return make_exact(module) if self.plan.rollout.exact else module
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -124,6 +125,8 @@ class ActorRolloutRefWorker(Worker):
         self._lora = lora is not None
         if self._is_actor:
             model = self._load_hf_model(plan.actor.param_dtype)
+            if plan.rollout.exact:  # the engine's copy runs the same kernels (_load_engine_module)
+                make_exact(model)
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if self._lora and lora.adapter_path:

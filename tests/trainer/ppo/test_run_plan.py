@@ -241,3 +241,33 @@ def test_the_static_decode_loop_runs_on_cuda_unless_batches_vary():
     assert _plan(hf, async_mode, device="cuda").rollout.static_decode is False
     assert _plan(hf, async_mode, "actor_rollout_ref.rollout.static_decode=true", device="cuda").rollout.static_decode
     assert _plan(hf, "actor_rollout_ref.rollout.static_decode=false", device="cuda").rollout.static_decode is False
+
+
+# ------------------------------------------------------------------------------------------------ exact rollout
+EXACT = "actor_rollout_ref.rollout.exact=true"
+
+
+def test_exact_rollout_is_planned_and_its_log_probs_stand_in_for_the_pass_in_every_generation_mode():
+    """rollout.exact=true: bit-equal log-probs, so bypass_mode=auto skips the old-log-prob pass for off-policy updates
+    too, also with the tool rounds (where the default HF engine is recomputed)."""
+    plan = plan_run(load_config(overrides=[*BASE, EXACT, "actor_rollout_ref.actor.ppo_mini_batch_size=2"]), "cpu")
+    assert plan.rollout.exact and plan.old_log_prob_source == "rollout"
+    assert not plan_run(load_config(overrides=BASE), "cpu").rollout.exact
+    assert _source(EXACT, "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.rollout.mode=sync_with_tool") \
+        == "rollout"
+    assert _source(EXACT, "algorithm.rollout_correction.bypass_mode=false") == "recompute"  # asked for
+
+
+@pytest.mark.parametrize("override, named", [
+    ("actor_rollout_ref.rollout.name=vllm", "rollout.name=vllm"),
+    ("actor_rollout_ref.model.use_fused_kernels=true", "use_fused_kernels"),
+    ("actor_rollout_ref.actor.use_torch_compile=true", "use_torch_compile=true"),
+    ("actor_rollout_ref.model.lora_rank=8", "lora_rank > 0"),
+    ("+actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2", "flash_attention_2"),
+])
+def test_exact_rollout_refuses_what_would_compute_log_probs_another_way(override, named):
+    with pytest.raises(ConfigError, match="rollout.exact=true cannot hold") as err:
+        plan_run(load_config(overrides=[*BASE, EXACT, override]), "cpu")
+    assert named in str(err.value)
+    with pytest.raises(ConfigError, match="CUDA GEMMs"):
+        plan_run(load_config(overrides=[*BASE, EXACT]), "cuda")

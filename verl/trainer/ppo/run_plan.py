@@ -96,7 +96,43 @@ def old_log_prob_source(config: DictConfig, engine: str, device: str) -> str:
         return "actor"
     exact_engine = (device == "cpu" and engine == "hf" and not uses_agent_loop(rollout)
                     and not async_agent_beyond_single_turn(rollout) and plan_lora(config.actor_rollout_ref.model) is None)
-    return "rollout" if exact_engine else "recompute"
+    # rollout.exact: the engine's log-probs are the actor's bit for bit (plan_exact), in every generation mode.
+    return "rollout" if exact_engine or rollout.get("exact") else "recompute"
+
+
+def plan_exact(config: DictConfig, engine: str, device: str) -> bool:
+    """`actor_rollout_ref.rollout.exact`: the HF engine and the actor run the batch-invariant kernels of
+    verl/utils/exact_kernels.py, so the engine's log-probs are the actor's training forward's, bit for bit. A
+    ConfigError names what stands in the way: another engine (its own kernels), and the actor paths that compute
+    log-probs another way than the engine's step (fused log-prob kernels, sequence parallelism, flash-attn, compiled
+    layers, LoRA adapters, CUDA GEMMs)."""
+    rollout, actor_rollout_ref = config.actor_rollout_ref.rollout, config.actor_rollout_ref
+    if not rollout.get("exact"):
+        return False
+    model, actor = actor_rollout_ref.model, actor_rollout_ref.actor
+    attention = (model.get("override_config") or {}).get("attn_implementation")
+    reasons = [
+        (engine != "hf", f"rollout.name={engine}: only the hf engine runs the actor's model code; set "
+                         "actor_rollout_ref.rollout.name=hf"),
+        (device != "cpu", f"trainer.device={device}: CUDA GEMMs change their reduction order with the row count "
+                          "(split-K), and Quiver has no batch-invariant CUDA matmul yet; exact mode runs on CPU"),
+        (bool(model.use_fused_kernels or model.use_liger), "actor_rollout_ref.model.use_fused_kernels / use_liger: "
+                                                            "the fused log-prob kernel takes the LM head in chunks of "
+                                                            "its own; set them to false"),
+        (int(actor.ulysses_sequence_parallel_size) > 1, "actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1: "
+                                                         "each rank attends over a piece of the sequence; set it to 1"),
+        (attention is not None and attention != "sdpa" and attention != "eager",
+         f"actor_rollout_ref.model.override_config.attn_implementation={attention}: exact mode brings its own "
+         "attention; remove the override"),
+        (bool(actor.use_torch_compile), "actor_rollout_ref.actor.use_torch_compile=true: inductor fuses and reorders "
+                                        "the reductions; set it to false"),
+        (plan_lora(model) is not None, "actor_rollout_ref.model.lora_rank > 0: the engine holds the merged weights, "
+                                       "the actor adds the adapter's product, which round differently"),
+    ]
+    problems = [why for bad, why in reasons if bad]
+    if problems:
+        raise ConfigError("actor_rollout_ref.rollout.exact=true cannot hold here: " + "; ".join(problems))
+    return True
 
 
 def share_cpu_engine(setting, engine: str, device: str, nnodes: int, n_ranks: int, actor_parameters: int | None) -> bool:
@@ -231,6 +267,7 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
     generation = generation_mode(rollout)
     shared_engine = share_cpu_engine(rollout.share_cpu_engine, engine, device, trainer.nnodes, ranks, actor_parameters)
     async_rl = plan_async(config, engine, shared_engine and rollout.share_cpu_engine is not None, generation)
+    exact = plan_exact(config, engine, device)
     source = old_log_prob_source(config, engine, device)
     if async_rl.overlaps:  # an engine per rank, each sampling in a thread of its own beside the update
         shared_engine = False
@@ -268,7 +305,7 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
             static_decode=engine == "hf" and uses_static_decode(rollout.static_decode, device,
                                                                 varying_batches=generation == "agent_loops"),
             hf_engine_dtype=hf_engine_dtype(rollout, device, actor_compute), seed=rollout.seed,
-            tensor_parallel=rollout.tensor_model_parallel_size),
+            tensor_parallel=rollout.tensor_model_parallel_size, exact=exact),
         old_log_prob_source=source,
         update_needs_entropy=build_actor_objective(actor).needs_entropy,
         use_reference_policy=bool(actor.use_kl_loss or algorithm.use_kl_in_reward),

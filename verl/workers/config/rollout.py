@@ -161,6 +161,7 @@ class RolloutConfig(BranchingConfig):
     dtype: str
     micro_batch_size: int | None
     static_decode: bool | None
+    exact: bool
     stop: list[str]
     stop_token_ids: list[int]
     gpu_memory_utilization: float

@@ -1,0 +1,171 @@
+r"""Batch-invariant forward kernels: the actor's training forward and the HF engine's decode step give the same bits
+for the same token (`actor_rollout_ref.rollout.exact=true`, issue 50).
+
+A transformer's value at one position is a chain of row-wise pieces (embedding, norms, RoPE, the MLP's activation,
+residual adds, the log-softmax: each row computed alone, whatever the batch) and of two that mix rows or positions,
+whose floating-point result can depend on the shape of the call: the matmuls of the linear layers, and attention.
+The training forward runs them on M = batch x sequence rows and a causal mask over the whole sequence; the decode
+step on M = the rows still decoding and one query over the KV cache. Here both take the same code path:
+
+- **Linear layers** (`exact_linear`): the rows are padded with zero rows to a multiple of `ROW_MULTIPLE` (16)
+  before the matmul and cut after. CPU GEMMs (oneDNN / MKL) pick a kernel by the shape: below ~12 rows, or at row
+  counts off a multiple of 4 on two threads, a row's result differs in its last bits from the same row in a large
+  call; at multiples of 16 every row's result was the same, whatever the row count (16 to 1,008), the row's
+  position and the thread count (1-4), at the Qwen2.5-0.5B shapes (measured 2026-12-02, torch 2.13).
+- **Attention** (`exact_attention`, registered in transformers as `quiver_exact`): for each row the keys it may
+  attend are gathered in order into slots 0, 1, ... (so left padding, a static cache's unwritten tail and the
+  cache's layout do not matter), padded to whole blocks of `KEY_BLOCK` slots. The scores of a block are one matmul
+  with a fixed key count (queries padded to a multiple of 16, as above); the row's maximum over all blocks (exact in
+  any order); then, block by block in slot order, exp(s - max), its sum over the block's fixed `KEY_BLOCK` slots and
+  its product with the block's values, added to running sums. A query's blocks past its own keys are masked whole and
+  add exact zeros, so one query over a cache of t keys (decode) and the same query in a causal prefill of S >= t
+  (training) reduce the same numbers in the same order. Packed rows (several sequences in one row under a
+  block-diagonal mask) go one sequence at a time, so each sequence's keys also start at slot 0.
+
+Both models of a run (the actor's and the engine's copy) get the same treatment (`make_exact`); the log-probs are
+taken by the same function on both sides (`logprobs_from_logits` of logits / T). The cost is the padding and the
+blocked attention (benchmarks/README.md, "rollout_gap.py").
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+EXACT_ATTENTION = "quiver_exact"
+ROW_MULTIPLE = 16
+KEY_BLOCK = 32
+
+
+def _pad_rows(rows: torch.Tensor, dim: int) -> tuple[torch.Tensor, int]:
+    """`rows` padded with zeros along `dim` to a multiple of ROW_MULTIPLE; the original length."""
+    length = rows.shape[dim]
+    missing = (-length) % ROW_MULTIPLE
+    if missing:
+        shape = list(rows.shape)
+        shape[dim] = missing
+        rows = torch.cat([rows, rows.new_zeros(shape)], dim=dim)
+    return rows, length
+
+
+def exact_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear whose every row's result is independent of how many rows the call has (module docstring)."""
+    rows, length = _pad_rows(x.reshape(-1, x.shape[-1]), 0)
+    out = F.linear(rows, weight, bias)[:length]
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return exact_linear(x, self.weight, self.bias)
+
+
+def _allowed(attention_mask: torch.Tensor | None, query_length: int, key_length: int, batch: int,
+             device: torch.device) -> torch.Tensor:
+    """The mask as bool (B, 1, Q, L), True where a query may attend a key; None means causal over the keys, the
+    queries being the last Q positions."""
+    if attention_mask is None:
+        q = torch.arange(query_length, device=device)[:, None] + (key_length - query_length)
+        allowed = torch.arange(key_length, device=device)[None, :] <= q
+        return allowed[None, None].expand(batch, 1, query_length, key_length)
+    mask = attention_mask[..., :key_length]
+    if mask.dtype != torch.bool:
+        mask = mask > torch.finfo(mask.dtype).min / 2  # additive masks: 0 where attended
+    return mask.expand(batch, mask.shape[1], query_length, key_length)
+
+
+def exact_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                    is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: query (B, H, Q, D), key and value (B, Hkv, L, D), the mask
+    (B, 1, Q, L) bool or additive (None: causal); returns (B, Q, H, D) and no weights. See the module docstring."""
+    if dropout:
+        raise ValueError("exact attention has no dropout (set the model's attention_dropout to 0)")
+    batch, heads, query_length, head_dim = query.shape
+    key_length = key.shape[-2]
+    scale = scaling if scaling is not None else head_dim ** -0.5
+    allowed = _allowed(attention_mask, query_length, key_length, batch, query.device)
+    if allowed.shape[1] != 1:
+        raise ValueError("exact attention takes one mask for all heads")
+    split = _split_segments(module, query, key, value, allowed)
+    if split is not None:
+        return split, None
+    # Each row's attendable keys in order, into slots 0.. (a key any query of the row may attend), padded to blocks.
+    keys_used = allowed.any(dim=2)[:, 0]  # (B, L)
+    order = torch.sort((~keys_used).to(torch.int8), dim=-1, stable=True).indices
+    slots = KEY_BLOCK * max(1, -(-int(keys_used.sum(-1).max()) // KEY_BLOCK))
+    if slots > key_length:
+        order = torch.cat([order, order.new_full((batch, slots - key_length), key_length)], dim=-1)
+        pad = key.new_zeros(batch, key.shape[1], slots - key_length, head_dim)
+        key, value = torch.cat([key, pad], dim=2), torch.cat([value, pad], dim=2)
+        allowed = torch.cat([allowed, allowed.new_zeros(batch, 1, query_length, slots - key_length)], dim=-1)
+    order = order[:, :slots]
+    index = order[:, None, :, None].expand(batch, key.shape[1], slots, head_dim)
+    groups = heads // key.shape[1]
+    k = torch.gather(key, 2, index).float().repeat_interleave(groups, dim=1)  # (B, H, slots, D)
+    v = torch.gather(value, 2, index).float().repeat_interleave(groups, dim=1)
+    allowed = torch.gather(allowed, 3, order[:, None, None, :].expand(batch, 1, query_length, slots))
+    q, _ = _pad_rows(query.float() * scale, 2)  # (B, H, Qp, D)
+    allowed, _ = _pad_rows(allowed, 2)
+
+    blocks = range(0, slots, KEY_BLOCK)
+    scores = [torch.matmul(q, k[:, :, s:s + KEY_BLOCK].transpose(-1, -2)).masked_fill(
+        ~allowed[:, :, :, s:s + KEY_BLOCK], float("-inf")) for s in blocks]
+    top = scores[0].amax(-1, keepdim=True)
+    for block in scores[1:]:
+        top = torch.maximum(top, block.amax(-1, keepdim=True))
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a query with no key (padding)
+    total = q.new_zeros(*q.shape[:-1], 1)
+    out = q.new_zeros(*q.shape[:-1], head_dim)
+    for s, block in zip(blocks, scores):
+        weights = torch.exp(block - top)
+        total = total + weights.sum(-1, keepdim=True)
+        out = out + torch.matmul(weights, v[:, :, s:s + KEY_BLOCK])
+    out = torch.where(total > 0, out / total.clamp(min=torch.finfo(out.dtype).tiny), torch.zeros_like(out))
+    return out[:, :, :query_length].to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _split_segments(module, query, key, value, allowed) -> torch.Tensor | None:
+    """Rows whose queries attend key ranges that start at different keys (packed sequences under a block-diagonal
+    mask) are split into one call per range start, so that each query's keys still begin at slot 0; None where every
+    row is one range (padded rows, a decode step)."""
+    attends = allowed.any(-1)[:, 0]  # (B, Q)
+    first = torch.where(attends, allowed[:, 0].to(torch.int8).argmax(-1), -1)
+    starts = [first[b][attends[b]].unique() for b in range(query.shape[0])]
+    if all(len(s) <= 1 for s in starts):
+        return None
+    out = query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+    for b, row_starts in enumerate(starts):
+        for start in row_starts.tolist():
+            queries = (first[b] == start).nonzero().squeeze(-1)
+            part, _ = exact_attention(module, query[b:b + 1, :, queries], key[b:b + 1], value[b:b + 1],
+                                      allowed[b:b + 1, :, queries])
+            out[b, queries] = part[0]
+    return out
+
+
+def register() -> None:
+    """Register `exact_attention` (with SDPA's mask builder) in transformers' registries."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(EXACT_ATTENTION, exact_attention)
+    AttentionMaskInterface.register(EXACT_ATTENTION, sdpa_mask)
+
+
+def make_exact(model: torch.nn.Module) -> torch.nn.Module:
+    """Switch a transformers causal LM (or a peft model over one) to the batch-invariant kernels, in place: every
+    nn.Linear's forward becomes `exact_linear`, attention `exact_attention`. Returns the model."""
+    register()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.set_attn_implementation(EXACT_ATTENTION)
+    for module in model.modules():
+        if type(module) is torch.nn.Linear:
+            module.forward = types.MethodType(_linear_forward, module)
+    return model
+
+
+def is_exact(model: torch.nn.Module) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(getattr(base, "config", None), "_attn_implementation", None) == EXACT_ATTENTION
