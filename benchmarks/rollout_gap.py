@@ -12,7 +12,8 @@ trainer's push (`update_weights`), so both hold the same numbers. The engine sam
 `--prompts` arithmetic prompts (chat template, left padded, rows of different lengths) at temperature 1; the actor
 computes log-probs of those tokens with its no-grad pass, with and without `use_remove_padding` (packed rows).
 Printed per row: the metrics the trainer logs (verl/utils/rollout_gap.py): max and mean |log-prob diff|, verl's
-`rollout_probs_diff_{mean,max}`, the k3 KL and the share of tokens whose log-probs are bit-equal.
+`rollout_probs_diff_{mean,max}`, the k3 KL and the share of tokens whose log-probs are bit-equal; and the seconds of
+the engine's generation (after one warm-up call) and of the actor's pass, which is what exact mode costs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 from grpo_step import PRESETS, SHAPE_FLAGS
 
@@ -95,16 +97,23 @@ def child(args: argparse.Namespace, model_dir: str, engine_key: str, dtype_name:
                                            "position_ids": compute_position_id_with_mask(mask).to(args.device)},
                                   non_tensors={"raw_prompt_ids": ids})
     params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.response_length)
+    generate_sequences(engine, prompts, params, args.response_length, tokenizer.pad_token_id,
+                       tokenizer.eos_token_id)  # warm-up
+    start = time.perf_counter()
     batch = generate_sequences(engine, prompts, params, args.response_length, tokenizer.pad_token_id,
                                tokenizer.eos_token_id)
+    generate_s = time.perf_counter() - start
     batch.meta_info["temperature"] = 1.0
     actor_config = OmegaConf.create({"ppo_epochs": 1, "optim": {"clip_grad": 1.0}, "policy_loss": {}})
     results = []
     for packed in (False, True):
         actor = DataParallelPPOActor(actor_config, actor_model, use_remove_padding=packed)
+        start = time.perf_counter()
         log_probs, _ = actor.compute_log_prob(batch)
+        forward_s = time.perf_counter() - start
         metrics = gap_metrics(gap_sums(batch.batch["rollout_log_probs"], log_probs, batch.batch["response_mask"]))
         results.append({"engine": engine_key, "dtype": dtype_name, "actor": "packed" if packed else "padded",
+                        "generate_s": generate_s, "actor_forward_s": forward_s,
                         **{key.split("/", 1)[1]: value for key, value in metrics.items()}})
     return results
 
@@ -125,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                                  **{SHAPE_FLAGS[flag]: value for flag, value in shape.items()})
     rows, failed = [], False
     header = (f"{'engine':<10} {'dtype':<9} {'actor':<7} {'tokens':>6} {'lp diff max':>11} {'lp diff mean':>12} "
-              f"{'p diff max':>10} {'p diff mean':>11} {'k3 KL':>9} {'bit-equal':>9}")
+              f"{'p diff max':>10} {'p diff mean':>11} {'k3 KL':>9} {'bit-equal':>9} {'generate s':>10} {'actor s':>8}")
     print(header)
     for engine in args.engines.split(","):
         for dtype in args.dtypes.split(","):
@@ -146,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{row['engine']:<10} {row['dtype']:<9} {row['actor']:<7} {row['rollout_gap_tokens']:>6.0f} "
                       f"{row['rollout_actor_logprob_diff_max']:>11.2e} {row['rollout_actor_logprob_diff_mean']:>12.2e} "
                       f"{row['rollout_probs_diff_max']:>10.2e} {row['rollout_probs_diff_mean']:>11.2e} "
-                      f"{row['rollout_k3_kl']:>9.1e} {row['rollout_logprob_equal_frac']:>9.3f}", flush=True)
+                      f"{row['rollout_k3_kl']:>9.1e} {row['rollout_logprob_equal_frac']:>9.3f} {row['generate_s']:>10.2f} "
+                      f"{row['actor_forward_s']:>8.2f}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
