@@ -143,3 +143,38 @@ def test_make_exact_switches_both_kernels():
     assert is_exact(exact) and not is_exact(model())
     linears = [m for m in exact.modules() if type(m) is torch.nn.Linear]
     assert linears and all("forward" in vars(m) for m in linears)
+
+
+def test_with_lora_the_engine_on_the_pushed_merged_weights_gives_the_actors_log_probs():
+    """LoRA on: the actor (a peft model, adapters trained away from 0) runs its adapted layers on W + s (B A); the
+    engine gets the weights as the trainer pushes them (merge_lora_items) and samples with the same log-probs; the
+    adapter still gets the gradient (the same as peft's own forward's)."""
+    from verl.utils.lora import apply_lora, lora_scaling, merge_lora_items
+
+    peft_model = apply_lora(model(2), rank=4, alpha=8, target_modules="all-linear")
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+    reference = copy.deepcopy(peft_model)
+    actor = make_exact(peft_model)
+    engine = HFRollout(make_exact(model(2)), Tokenizer(), seed=0)
+    engine.update_weights(merge_lora_items(actor.state_dict().items(), lora_scaling(actor)))
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=10)
+    batch = rollout_batch(engine, PROMPTS, params, response_length=10)
+    mask = batch.batch["response_mask"].bool()
+    for packed in (False, True):
+        expected = actor_log_probs(actor, batch, packed, 1.0)
+        assert torch.equal(batch.batch["rollout_log_probs"][mask], expected[mask]), packed
+    # the adapter's gradient through the merged weight is peft's (to rounding)
+    inputs = {key: batch.batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
+    grads = []
+    for m in (actor, reference):
+        m.train()
+        m.zero_grad()
+        m(**inputs).logits.float().square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in m.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-4)

@@ -22,7 +22,9 @@ step on M = the rows still decoding and one query over the KV cache. Here both t
   (training) reduce the same numbers in the same order. Packed rows (several sequences in one row under a
   block-diagonal mask) go one sequence at a time, so each sequence's keys also start at slot 0.
 
-Both models of a run (the actor's and the engine's copy) get the same treatment (`make_exact`); the log-probs are
+With LoRA the actor's adapted layers multiply by the merged weight W + s (B A), computed as the weight push merges it
+for the engine. Both models of a run (the actor's and the engine's copy) get the same treatment (`make_exact`); the
+log-probs are
 taken by the same function on both sides (`logprobs_from_logits` of logits / T). The cost is the padding and the
 blocked attention (benchmarks/README.md, "rollout_gap.py").
 """
@@ -59,6 +61,23 @@ def exact_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 def _linear_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return exact_linear(x, self.weight, self.bias)
+
+
+def _lora_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """A peft LoRA Linear on its merged weight W + s (B A), computed as the weight push merges it
+    (verl/utils/lora.py, merge_lora_items), so the engine's copy of the merged weight and this forward multiply the
+    same numbers; the adapter's gradient is the usual one (d/dA, d/dB of the same product)."""
+    base = self.base_layer
+    weight = base.weight
+    if not self.disable_adapters:
+        for name in self.active_adapters:
+            if name not in self.lora_A:
+                continue
+            if not isinstance(self.lora_dropout[name], torch.nn.Identity) or name in self.lora_variant:
+                raise ValueError("exact mode takes plain LoRA adapters without dropout (lora_dropout=0, no DoRA)")
+            a, b = self.lora_A[name].weight, self.lora_B[name].weight
+            weight = weight + self.scaling[name] * (b.to(weight.dtype) @ a.to(weight.dtype))
+    return exact_linear(x, weight, base.bias)
 
 
 def _allowed(attention_mask: torch.Tensor | None, query_length: int, key_length: int, batch: int,
@@ -156,13 +175,20 @@ def register() -> None:
 
 def make_exact(model: torch.nn.Module) -> torch.nn.Module:
     """Switch a transformers causal LM (or a peft model over one) to the batch-invariant kernels, in place: every
-    nn.Linear's forward becomes `exact_linear`, attention `exact_attention`. Returns the model."""
+    nn.Linear's forward becomes `exact_linear`, every LoRA Linear's `exact_linear` on its merged weight
+    (`_lora_forward`), attention `exact_attention`. Call it after the adapters are in place. Returns the model."""
     register()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.set_attn_implementation(EXACT_ATTENTION)
+    try:
+        from peft.tuners.lora.layer import Linear as LoraLinear
+    except ImportError:  # peft is optional
+        LoraLinear = ()  # noqa: N806
     for module in model.modules():
         if type(module) is torch.nn.Linear:
             module.forward = types.MethodType(_linear_forward, module)
+        elif LoraLinear and isinstance(module, LoraLinear):
+            module.forward = types.MethodType(_lora_forward, module)
     return model
 
 

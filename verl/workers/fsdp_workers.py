@@ -125,14 +125,14 @@ class ActorRolloutRefWorker(Worker):
         self._lora = lora is not None
         if self._is_actor:
             model = self._load_hf_model(plan.actor.param_dtype)
-            if plan.rollout.exact:  # the engine's copy runs the same kernels (_load_engine_module)
-                make_exact(model)
             if model_cfg.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if self._lora and lora.adapter_path:
                 model = load_lora_adapter(model, lora.adapter_path)
             elif self._lora:
                 model = apply_lora(model, lora.rank, lora.alpha, lora.target_modules, lora.exclude_modules)
+            if plan.rollout.exact:  # the engine's copy runs the same kernels (_load_engine_module)
+                make_exact(model)
             self.actor_module = shard_model(model, self._mesh, self.device, self.config.actor.fsdp_config,
                                             compute_dtype=plan.actor.compute_dtype)
             if plan.actor.compile:

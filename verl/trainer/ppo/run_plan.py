@@ -105,7 +105,7 @@ def plan_exact(config: DictConfig, engine: str, device: str) -> bool:
     verl/utils/exact_kernels.py, so the engine's log-probs are the actor's training forward's, bit for bit. A
     ConfigError names what stands in the way: another engine (its own kernels), and the actor paths that compute
     log-probs another way than the engine's step (fused log-prob kernels, sequence parallelism, flash-attn, compiled
-    layers, LoRA adapters, CUDA GEMMs)."""
+    layers, CUDA GEMMs). LoRA adapters run on their merged weight (exact_kernels._lora_forward)."""
     rollout, actor_rollout_ref = config.actor_rollout_ref.rollout, config.actor_rollout_ref
     if not rollout.get("exact"):
         return False
@@ -126,8 +126,6 @@ def plan_exact(config: DictConfig, engine: str, device: str) -> bool:
          "attention; remove the override"),
         (bool(actor.use_torch_compile), "actor_rollout_ref.actor.use_torch_compile=true: inductor fuses and reorders "
                                         "the reductions; set it to false"),
-        (plan_lora(model) is not None, "actor_rollout_ref.model.lora_rank > 0: the engine holds the merged weights, "
-                                       "the actor adds the adapter's product, which round differently"),
     ]
     problems = [why for bad, why in reasons if bad]
     if problems:
