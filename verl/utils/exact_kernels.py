@@ -16,8 +16,9 @@ step on M = the rows still decoding and one query over the KV cache. Here both t
   attend are gathered in order into slots 0, 1, ... (so left padding, a static cache's unwritten tail and the
   cache's layout do not matter), padded to whole blocks of `KEY_BLOCK` slots. The scores of a block are one matmul
   with a fixed key count (queries padded to a multiple of 16, as above); the row's maximum over all blocks (exact in
-  any order); then, block by block in slot order, exp(s - max), its sum over the block's fixed `KEY_BLOCK` slots and
-  its product with the block's values, added to running sums. A query's blocks past its own keys are masked whole and
+  any order); then per block exp(s - max), its sum over the block's fixed `KEY_BLOCK` slots and its product with the
+  block's values, and the blocks' results added in slot order (a cumulative sum along the blocks, which torch runs
+  one block after the other). A query's blocks past its own keys are masked whole and
   add exact zeros, so one query over a cache of t keys (decode) and the same query in a causal prefill of S >= t
   (training) reduce the same numbers in the same order. Packed rows (several sequences in one row under a
   block-diagonal mask) go one sequence at a time, so each sequence's keys also start at slot 0.
@@ -128,19 +129,19 @@ def exact_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     q, _ = _pad_rows(query.float() * scale, 2)  # (B, H, Qp, D)
     allowed, _ = _pad_rows(allowed, 2)
 
-    blocks = range(0, slots, KEY_BLOCK)
-    scores = [torch.matmul(q, k[:, :, s:s + KEY_BLOCK].transpose(-1, -2)).masked_fill(
-        ~allowed[:, :, :, s:s + KEY_BLOCK], float("-inf")) for s in blocks]
-    top = scores[0].amax(-1, keepdim=True)
-    for block in scores[1:]:
-        top = torch.maximum(top, block.amax(-1, keepdim=True))
+    # Every block at once: (B, H, blocks, Qp, KEY_BLOCK) scores, one fixed-size matmul per block.
+    blocks = slots // KEY_BLOCK
+    k = k.view(batch, heads, blocks, KEY_BLOCK, head_dim)
+    v = v.view(batch, heads, blocks, KEY_BLOCK, head_dim)
+    allowed = allowed.view(batch, 1, allowed.shape[2], blocks, KEY_BLOCK).transpose(2, 3)
+    scores = torch.matmul(q[:, :, None], k.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
+    top = scores.amax(dim=(2, 4), keepdim=True)  # over every block: exact in any order
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a query with no key (padding)
-    total = q.new_zeros(*q.shape[:-1], 1)
-    out = q.new_zeros(*q.shape[:-1], head_dim)
-    for s, block in zip(blocks, scores):
-        weights = torch.exp(block - top)
-        total = total + weights.sum(-1, keepdim=True)
-        out = out + torch.matmul(weights, v[:, :, s:s + KEY_BLOCK])
+    weights = torch.exp(scores - top)
+    # Per block a sum over its fixed KEY_BLOCK slots, then the blocks added in order: cumsum runs along them one by
+    # one, so trailing blocks of exact zeros leave the last value as it was.
+    total = torch.cumsum(weights.sum(-1, keepdim=True), dim=2)[:, :, -1]
+    out = torch.cumsum(torch.matmul(weights, v), dim=2)[:, :, -1]
     out = torch.where(total > 0, out / total.clamp(min=torch.finfo(out.dtype).tiny), torch.zeros_like(out))
     return out[:, :, :query_length].to(query.dtype).transpose(1, 2).contiguous(), None
 
@@ -150,13 +151,15 @@ def _split_segments(module, query, key, value, allowed) -> torch.Tensor | None:
     mask) are split into one call per range start, so that each query's keys still begin at slot 0; None where every
     row is one range (padded rows, a decode step)."""
     attends = allowed.any(-1)[:, 0]  # (B, Q)
-    first = torch.where(attends, allowed[:, 0].to(torch.int8).argmax(-1), -1)
-    starts = [first[b][attends[b]].unique() for b in range(query.shape[0])]
-    if all(len(s) <= 1 for s in starts):
+    first = allowed[:, 0].to(torch.int8).argmax(-1)
+    latest = torch.where(attends, first, -1).amax(-1)
+    earliest = torch.where(attends, first, allowed.shape[-1]).amin(-1)
+    if not bool((attends.any(-1) & (latest != earliest)).any()):
         return None
+    first = torch.where(attends, first, -1)
     out = query.new_zeros(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
-    for b, row_starts in enumerate(starts):
-        for start in row_starts.tolist():
+    for b in range(query.shape[0]):
+        for start in first[b][attends[b]].unique().tolist():
             queries = (first[b] == start).nonzero().squeeze(-1)
             part, _ = exact_attention(module, query[b:b + 1, :, queries], key[b:b + 1], value[b:b + 1],
                                       allowed[b:b + 1, :, queries])
