@@ -21,7 +21,7 @@ import os
 import statistics
 import sys
 
-from compare_losses import ACTOR, prepare_seed, run
+from compare_losses import ACTOR, REPO, prepare_seed, run
 
 MODES = {"default": [], "exact": ["actor_rollout_ref.rollout.exact=true"]}
 GAP = ("training/rollout_actor_logprob_diff_max", "training/rollout_actor_logprob_diff_mean",
@@ -30,7 +30,7 @@ GAP = ("training/rollout_actor_logprob_diff_max", "training/rollout_actor_logpro
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="outputs/exact_rollout_run")
+    parser.add_argument("--out", default=os.path.join(REPO, "outputs", "exact_rollout_run"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--prompts", type=int, default=16)
@@ -107,6 +107,7 @@ def plot(args: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    args.out = os.path.abspath(args.out)  # the stages run in the repository's root
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     sft_model, data, _ = prepare_seed(argparse.Namespace(out=args.out, sft_steps=args.sft_steps,
                                                          test_size=args.test_size), args.seed)
