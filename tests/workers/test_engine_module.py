@@ -18,7 +18,7 @@ def test_the_engines_copy_loads_in_the_plans_dtype_and_attends_with_sdpa_when_th
     # What model.override_config.attn_implementation=flash_attention_2 gives where flash-attn is installed.
     model.config._attn_implementation = "flash_attention_2"
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
-    worker.plan = SimpleNamespace(rollout=SimpleNamespace(hf_engine_dtype=dtype))
+    worker.plan = SimpleNamespace(rollout=SimpleNamespace(hf_engine_dtype=dtype, exact=False))
     loaded = []
     worker._load_hf_model = lambda dtype: loaded.append(dtype) or model
     assert worker._load_engine_module().config._attn_implementation == "sdpa"
