@@ -47,3 +47,29 @@ def test_a_plugin_that_fails_to_import_is_a_config_error_naming_the_key():
     config = load_config(overrides=["trainer.plugins=[no_such_plugin_module]"])
     with pytest.raises(ConfigError, match="trainer.plugins: could not import 'no_such_plugin_module'"):
         import_user_modules(config)
+
+
+@pytest.mark.parametrize("config_path", ["config", "./config"])
+def test_a_relative_config_path_is_the_entry_points_folder_from_any_working_directory(tmp_path, monkeypatch,
+                                                                                      config_path):
+    """verl's scripts pass `--config-path=config --config-name=ppo_trainer`; Hydra reads it beside the module that
+    declares the entry point (verl/trainer/), not the working directory, also when main_ppo is started from a
+    `python -c` or another module (no `__main__.__file__` to go by)."""
+    import types
+
+    import verl.trainer.config as trainer_config
+    from verl.trainer import main_ppo
+    from verl.utils.config import CONFIG_DIR
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+    seen = {}
+
+    def load_and_stop(config_name, overrides, config_dir):
+        seen["dir"], seen["cfg"] = config_dir, load_config(config_name, overrides, config_dir=config_dir)
+        raise ConfigError("stop before the run")
+
+    monkeypatch.setattr(trainer_config, "load_config", load_and_stop)
+    assert main_ppo.main([f"--config-path={config_path}", "--config-name=ppo_trainer", "trainer.total_epochs=3"]) == 2
+    assert seen["dir"] == CONFIG_DIR
+    assert seen["cfg"].trainer.total_epochs == 3 and "actor_rollout_ref" in seen["cfg"]

@@ -56,13 +56,21 @@ def load_config(config_name: str = "ppo_trainer", overrides: list[str] | None = 
     return cfg
 
 
+def _declaring_file(run: Callable) -> str | None:
+    """The file of the module declaring the entry point's function: Hydra resolves a relative `--config-path` from
+    its folder (verl/trainer/ for main_ppo), whatever the working directory and however the module was started."""
+    func = getattr(run, "func", run)  # a functools.partial
+    return getattr(sys.modules.get(getattr(func, "__module__", "")), "__file__", None)
+
+
 def run_cli(default_config_name: str, run: Callable[[DictConfig], object], argv: list[str] | None = None) -> int:
     """The body of every `python -m verl.trainer.X k=v ...` entry: parse, load and check the config, call `run`.
 
     A config mistake prints one message and exits with code 2 before anything starts (with HYDRA_FULL_ERROR=1, as
     Hydra's own entry points do, it is raised with its traceback instead).
     """
-    config_dir, config_name, overrides = parse_cli(sys.argv[1:] if argv is None else argv, default_config_name)
+    argv = sys.argv[1:] if argv is None else argv
+    config_dir, config_name, overrides = parse_cli(argv, default_config_name, entry_file=_declaring_file(run))
     try:
         run(load_config(config_name, overrides, config_dir=config_dir))
     except ConfigError as err:
