@@ -81,3 +81,40 @@ def test_an_unreachable_server_is_a_sandbox_error():
     result = run_python_remote(f"http://127.0.0.1:{port}", "print(1)", SandboxLimits(wall_time_s=2))
     assert result.status == "sandbox_error" and "failed" in result.stderr
     assert run_code_url("http://h:8080/") == "http://h:8080/run_code" == run_code_url("http://h:8080/run_code")
+
+
+@pytest.mark.parametrize("spelling", ["reward_model.sandbox_fusion", "reward.sandbox_fusion"])
+def test_max_concurrent_bounds_the_requests_in_flight_over_all_grading_processes(spelling):
+    """`reward_model.sandbox_fusion.max_concurrent` (verl 0.9.1: `reward.sandbox_fusion.max_concurrent`): the
+    trainer's code reward, graded in the reward manager's worker processes, never has more requests at the server
+    at once."""
+    import threading
+    import time
+
+    from verl.trainer.config import load_config
+    from verl.utils.timed_pool import TimedProcessPool
+
+    in_flight, peak, lock = [0], [0], threading.Lock()
+    grade = run_code("run")
+
+    def slow(path, payload):
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        time.sleep(0.3)
+        try:
+            return grade(path, payload)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    with JsonStub(slow) as server:
+        cfg = load_config("ppo_trainer", [f"{spelling}.url={server.url}", f"{spelling}.max_concurrent=2"])
+        assert cfg.reward_model.sandbox_fusion.max_concurrent == 2
+        pool = TimedProcessPool(default_score_fn(cfg), num_workers=4, timeout_s=60)
+        try:
+            results = pool.map([{"data_source": "code", "solution_str": RIGHT, "ground_truth": ADD}] * 6)
+        finally:
+            pool.close()
+    assert [r.value["score"] for r in results] == [1.0] * 6
+    assert len(server.requests) == 6 and peak[0] == 2

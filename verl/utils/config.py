@@ -62,7 +62,8 @@ _UNSET = "None"  # how verl_0_9_keys.tsv writes a null default
 # Why a verl key of verl_0_9_keys.tsv does nothing in Quiver: the first entry whose fragment the key contains.
 VERL_KEY_REASONS: tuple[tuple[str, str], ...] = (
     ("profiler", "Quiver has no profiler hooks (nsys, npu, torch memory); profile a run with py-spy or torch.profiler"),
-    ("distillation.", "on-policy distillation from teacher models is not built in Quiver"),
+    ("distillation.", "a serving knob of verl's teacher inference servers: Quiver's teacher scores each prompt and "
+                      "response whole, on the actor's ranks or the engine of inference.name"),
     ("transfer_queue.", "Quiver's driver hands batches to the workers directly (no transfer queue)"),
     ("skip.", "rollouts are always generated (no dumped-rollout replay)"),
     ("model_engine", "Quiver's workers are FSDP2 workers (no engine choice)"),
@@ -343,6 +344,7 @@ RENAMED_KEYS = {
     "reward.reward_model.enable": "reward_model.enable",
     "reward.reward_model.model_path": "reward_model.model.path",
     "reward.sandbox_fusion.url": "reward_model.sandbox_fusion.url",
+    "reward.sandbox_fusion.max_concurrent": "reward_model.sandbox_fusion.max_concurrent",
     **{f"reward.reward_model.rollout.{key}": f"reward_model.rollout.{key}"
        for key in ("name", "gpu_memory_utilization", "tensor_model_parallel_size", "dtype", "max_model_len",
                    "prompt_length", "response_length", "enforce_eager")},

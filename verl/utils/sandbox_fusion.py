@@ -14,6 +14,8 @@ import json
 import time
 import urllib.error
 import urllib.request
+from contextlib import nullcontext
+from typing import Any
 
 from verl.utils.sandbox import SandboxLimits, SandboxResult
 
@@ -29,9 +31,10 @@ def run_code_url(url: str) -> str:
 
 
 def run_python_remote(url: str, code: str, limits: SandboxLimits, files: dict[str, str] | None = None,
-                      stdin: str | None = None) -> SandboxResult:
+                      stdin: str | None = None, semaphore: Any = None) -> SandboxResult:
     """Run `code` as a python program with `files` beside it (and `stdin` as its input) on the SandboxFusion server
-    at `url`."""
+    at `url`. `semaphore` (a multiprocessing Manager's, shared by the grading processes): held while the request is
+    in flight, so at most `reward_model.sandbox_fusion.max_concurrent` requests reach the server at once."""
     payload = {"code": code, "language": "python", "run_timeout": limits.wall_time_s,
                "memory_limit_MB": limits.memory_mb,
                "files": {name: base64.b64encode(text.encode()).decode() for name, text in (files or {}).items()}}
@@ -41,7 +44,7 @@ def run_python_remote(url: str, code: str, limits: SandboxLimits, files: dict[st
                                      headers={"Content-Type": "application/json"})
     start = time.monotonic()
     try:
-        with urllib.request.urlopen(request, timeout=limits.wall_time_s + _REQUEST_MARGIN_S) as response:
+        with semaphore or nullcontext(), urllib.request.urlopen(request, timeout=limits.wall_time_s + _REQUEST_MARGIN_S) as response:
             answer = json.loads(response.read().decode("utf-8", "replace"))
     except urllib.error.HTTPError as err:
         return _failed(f"SandboxFusion answered HTTP {err.code} at {run_code_url(url)}", start)

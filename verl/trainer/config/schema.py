@@ -93,6 +93,11 @@ class OverlongBufferConfig(Section):
 @config_section("reward_model.sandbox_fusion")
 class SandboxFusionConfig(Section):
     url: str | None
+    max_concurrent: int
+
+    def check(self, problems: list[str]) -> None:
+        need(self.max_concurrent >= 1, f"{self.__config_prefix__}.max_concurrent={self.max_concurrent} must be a "
+             "positive integer (the requests in flight to the SandboxFusion server at once)", problems)
 
 
 @config_section("reward_model.model.fsdp_config.wrap_policy")

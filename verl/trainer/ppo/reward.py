@@ -85,10 +85,20 @@ def default_score_fn(config: Any, is_eval: bool = False) -> Callable:
     section = dict(_section(_section(config, "reward_model"), "code_execution"))
     limits = {key: section[key] for key in ("per_test_timeout_s", "total_timeout_s", "memory_mb") if key in section}
     limits["max_tests"] = None if is_eval else section.get("max_train_tests")
-    url = _section(_section(config, "reward_model"), "sandbox_fusion").get("url")
-    if url:  # code rewards run on that SandboxFusion server instead of the local sandbox
-        limits["sandbox_fusion_url"] = url
+    sandbox_fusion = _section(_section(config, "reward_model"), "sandbox_fusion")
+    if sandbox_fusion.get("url"):  # code rewards run on that SandboxFusion server instead of the local sandbox
+        limits["sandbox_fusion_url"] = sandbox_fusion["url"]
+        limits["concurrent_semaphore"] = sandbox_semaphore(sandbox_fusion.get("max_concurrent") or 64)
     return functools.partial(default_compute_score, **limits)
+
+
+@functools.cache
+def sandbox_semaphore(max_concurrent: int) -> Any:
+    """One semaphore of `max_concurrent` slots (reward_model.sandbox_fusion.max_concurrent), shared by the training
+    and validation graders and by every grading process (a Manager's proxy pickles into them), as verl's does."""
+    import multiprocessing
+
+    return multiprocessing.Manager().Semaphore(max_concurrent)
 
 
 # Seconds a code sample's grading may take beyond the sandbox's own cap: interpreter start-up, harness, clean-up.

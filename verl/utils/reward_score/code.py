@@ -392,6 +392,7 @@ def compute_score(
     memory_mb: int = 1024,
     max_tests: int | None = None,
     sandbox_fusion_url: str | None = None,
+    concurrent_semaphore: Any = None,
 ) -> dict[str, Any]:
     """Grade one response: 1.0 iff its last python block passes every test.
 
@@ -410,7 +411,7 @@ def compute_score(
     the trainer ensures by not passing it there.
 
     `sandbox_fusion_url` (`reward_model.sandbox_fusion.url`): run the same harness on a SandboxFusion server instead of
-    the local sandbox (verl/utils/sandbox_fusion.py).
+    the local sandbox (verl/utils/sandbox_fusion.py), holding `concurrent_semaphore` (verl's argument) while it asks.
     """
     if per_test_timeout_s <= 0 or total_timeout_s <= 0:
         raise ValueError(f"per_test_timeout_s={per_test_timeout_s} and total_timeout_s={total_timeout_s} must be > 0")
@@ -439,7 +440,7 @@ def compute_score(
     )
     files = {"solution.py": code, "tests.json": tests_json}
     if sandbox_fusion_url:
-        run = run_python_remote(sandbox_fusion_url, _HARNESS, limits, files)
+        run = run_python_remote(sandbox_fusion_url, _HARNESS, limits, files, semaphore=concurrent_semaphore)
     else:
         run = run_python(_HARNESS, limits=limits, files=files)
     records = _parse_report(run.stdout)

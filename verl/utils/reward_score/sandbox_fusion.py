@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from typing import Any
 
 from verl.utils.reward_score.prime_code import IMPORTS
@@ -90,8 +89,7 @@ def _run_test(url: str, program: str, stdin: Any, expected: Any, fn_name: str | 
     if fn_name:
         program = _CALL_WRAPPER.format(imports=IMPORTS, program=program, fn_name=fn_name)
     limits = SandboxLimits(wall_time_s=timeout, memory_mb=memory_limit_mb)
-    with semaphore or nullcontext():
-        run = run_python_remote(url, program, limits, stdin=None if stdin is None else str(stdin))
+    run = run_python_remote(url, program, limits, stdin=None if stdin is None else str(stdin), semaphore=semaphore)
     if not run.ok:
         return False
     return expected is None or run.stdout.rstrip("\n") == str(expected).rstrip("\n")
