@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.trainer.config import run_cli
 from verl.trainer.config.schema import PPOTrainerConfig
 from verl.trainer.ppo.config_rules import announce_inert_keys, check_config, check_topology, critic_enabled
+from verl.trainer.ppo.distillation import check_teacher_tokenizers
 from verl.trainer.ppo.guards import TrainingStopped
 from verl.trainer.ppo.memory_check import check_ppo_memory, size_micro_batches
 from verl.trainer.ppo.reward import check_served_reward_model
@@ -196,6 +197,7 @@ def train_ppo(config: DictConfig, plan: RunPlan, estimate: MemoryEstimate | None
     model_cfg = config.actor_rollout_ref.model
     tokenizer_key = "actor_rollout_ref.model." + ("tokenizer_path" if model_cfg.tokenizer_path else "path")
     tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, tokenizer_key, model_cfg.trust_remote_code)
+    check_teacher_tokenizers(plan.distillation, tokenizer)  # a teacher scores the student's token ids
     rollout = config.actor_rollout_ref.rollout
     tools = load_agent_tools(rollout) if uses_async_agent(rollout) else {}
     schemas = prompt_tool_schemas(rollout, config.data, tools)  # the prompt-length check counts what the loop renders

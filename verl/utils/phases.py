@@ -17,6 +17,7 @@ class Phase(Enum):
     REWARD = ("reward", "reward", "reward")
     OLD_LOG_PROB = ("old_log_prob", "old_log_prob", "old_log_prob")
     REF = ("ref", "ref", "ref")
+    TEACHER = ("teacher", None, "teacher log-probs")  # on-policy distillation
     VALUES = ("values", "values", "values")
     ADV = ("adv", None, "adv")
     UPDATE_CRITIC = ("update_critic", "update_critic", "update_critic")

@@ -59,6 +59,45 @@ class LoraPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class TeacherPlan:
+    """One teacher of on-policy distillation (`distillation.teacher_models.<name>`): its model, the value of
+    distillation.teacher_key whose rows it scores (None: the rows no other teacher claims), and the engine serving it
+    ("fsdp": a frozen FSDP forward on the actor's ranks; else a rollout engine's name)."""
+
+    name: str
+    model_path: str
+    key: str | None
+    engine: str = "fsdp"
+    temperature: float = 1.0
+
+
+# The batch column that says which teacher of DistillationPlan.teachers scores each row.
+TEACHER_INDEX = "teacher_index"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillationPlan:
+    """On-policy distillation (`distillation.*`, verl/algorithms/distillation.py): the teachers, the column that routes
+    rows to them, and the loss settings of `distillation.distillation_loss` (verl's names)."""
+
+    teachers: tuple[TeacherPlan, ...]
+    teacher_key: str
+    loss_mode: str  # an estimator of kl_penalty (k1, ..., k3) or forward_kl_topk
+    topk: int | None  # tokens per position for forward_kl_topk (None for the estimators)
+    use_policy_gradient: bool
+    use_task_rewards: bool
+    distillation_loss_coef: float
+    loss_max_clamp: float | None = None
+    log_prob_min_clamp: float | None = None
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+
+    @property
+    def uses_topk(self) -> bool:
+        return self.topk is not None
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelPlan:
     """One model role's facts (the actor, the reference, the critic, the reward model). A role the run does not use
     is still planned (what it would be), with no passes."""
@@ -217,6 +256,8 @@ class RunPlan:
     total_training_steps: int | None = None
     # Rollout and training overlapping, with their staleness bound (AsyncPlan; the synchronous trainer by default).
     async_rl: AsyncPlan = AsyncPlan()
+    # On-policy distillation from teacher models (distillation.enabled); None: plain RL.
+    distillation: DistillationPlan | None = None
 
     def with_training_steps(self, steps: int) -> RunPlan:
         """This plan with the run's length, known once the training data is loaded."""
@@ -255,6 +296,8 @@ class RunPlan:
             sizes += f"; critic micro {_size(self.critic.update.micro)}"
         passes = [name for name, on in (("reference", self.use_reference_policy), ("critic", self.use_critic),
                                         ("reward model", self.use_reward_model)) if on]
+        if self.distillation is not None:
+            passes.append(f"{len(self.distillation.teachers)} teacher(s) ({self.distillation.loss_mode})")
         where = (f" on {self.async_rl.rollout_ranks} rollout rank(s) of their own" if self.async_rl.separate else "")
         return (f"[plan] {self.n_ranks} rank(s) on {self.device} ({self.nnodes} node(s)), engine {self.rollout.engine}"
                 f"{where}"

@@ -126,6 +126,16 @@ def logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, temperature
     return (log_prob, entropy, columns.pop(0)) if with_sum_pi_squared else (log_prob, entropy)
 
 
+def log_probs_of_top_tokens(logits: torch.Tensor, temperature: float = 1.0, *, k: int | None = None,
+                            ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(logits / temperature) at `ids` `(..., k)`, or at each position's `k` most likely tokens:
+    `(log_probs (..., k) float32, ids (..., k))`, the top ones in descending order. logits `(..., vocab)`."""
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if ids is None:
+        return torch.topk(log_probs, k, dim=-1)
+    return log_probs.gather(-1, ids), ids
+
+
 def get_response_mask(response_ids: torch.Tensor, eos_token_ids: int | list[int], dtype=torch.int64) -> torch.Tensor:
     """1 up to and including the first EOS token of each row, 0 after it. `(batch, response_len)`."""
     eos = torch.tensor(eos_token_ids if isinstance(eos_token_ids, list) else [eos_token_ids], device=response_ids.device)

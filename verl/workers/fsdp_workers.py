@@ -27,7 +27,7 @@ from verl.utils.fsdp_utils import compile_layers, fsdp_mesh, move_optimizer_stat
 from verl.utils.import_utils import import_external_libs
 from verl.utils.lora import apply_lora, load_lora_adapter, lora_scaling, merge_lora_items
 from verl.utils.packing import uses_varlen_attention
-from verl.utils.run_plan import RunPlan
+from verl.utils.run_plan import TEACHER_INDEX, RunPlan
 from verl.utils.torch_functional import tensor_checksum
 from verl.utils.weight_gather import full_state_dict_items, gather_state_dict_into
 from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -83,19 +83,24 @@ class ActorRolloutRefWorker(Worker):
         start_rank(self, device, seed)
 
     # ------------------------------------------------------------------------------------------------- models
-    def _load_hf_model(self, dtype: str = "float32"):
-        """The HF causal LM at model.path on this rank's device, its parameters in `dtype` (a torch dtype's name)."""
+    def _load_hf_model(self, dtype: str = "float32", path: str | None = None):
+        """The HF causal LM at model.path (or a distillation teacher's `path`) on this rank's device, its parameters in
+        `dtype` (a torch dtype's name). model.override_config applies to the actor's model; a teacher takes only its
+        attention kernel (attn_implementation), its own config holding the rest."""
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
 
         model_cfg = self.config.model
+        overrides = OmegaConf.to_container(model_cfg.override_config, resolve=True)
+        if path is not None:
+            overrides = {k: v for k, v in overrides.items() if k == "attn_implementation"}
         model = AutoModelForCausalLM.from_pretrained(
-            os.path.expanduser(model_cfg.path),
+            os.path.expanduser(path or model_cfg.path),
             dtype=getattr(torch, dtype),
             trust_remote_code=model_cfg.trust_remote_code,
-            **OmegaConf.to_container(model_cfg.override_config, resolve=True),
+            **overrides,
         )
         return model.to(self._torch_device)
 
@@ -141,7 +146,18 @@ class ActorRolloutRefWorker(Worker):
                 self.actor_module, self.config.actor.optim, plan.total_training_steps)
             self.actor = DataParallelPPOActor(self.config.actor, self.actor_module, self.actor_optimizer,
                                               use_remove_padding=plan.actor.remove_padding, batches=plan.actor.update,
-                                              log_prob=plan.actor.forward, **self._forward_levers(plan))
+                                              log_prob=plan.actor.forward, distillation=plan.distillation,
+                                              **self._forward_levers(plan))
+        # On-policy distillation's teachers (plan.distillation): frozen, sharded like the reference, beside the actor.
+        self.teachers = []
+        for teacher in (plan.distillation.teachers if self._is_actor and plan.distillation is not None else ()):
+            teacher_model = self._load_hf_model(plan.ref.param_dtype, path=teacher.model_path)
+            teacher_model.requires_grad_(False)
+            teacher_module = shard_model(teacher_model, self._mesh, self.device, self.config.ref.fsdp_config,
+                                         compute_dtype=plan.ref.compute_dtype)
+            self.teachers.append(DataParallelPPOActor(self.config.ref, teacher_module,
+                                                      use_remove_padding=plan.actor.remove_padding,
+                                                      log_prob=plan.ref.forward, **self._forward_levers(plan)))
         if self._is_ref and self._lora:  # the base model is the actor with its adapter switched off
             self.ref_policy = DataParallelPPOActor(self.config.ref, self.actor_module,
                                                    use_remove_padding=plan.actor.remove_padding,
@@ -274,6 +290,29 @@ class ActorRolloutRefWorker(Worker):
         with self.actor_module.disable_adapter() if self._lora else contextlib.nullcontext():
             log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+
+    @register(dispatch_mode=Dispatch.DP_SP_COMPUTE_PROTO)
+    def compute_teacher_log_prob(self, data: DataProto) -> DataProto:
+        """On-policy distillation: `teacher_log_probs` `(bs, response_len)` of each row under its teacher (the batch's
+        `teacher_index` into plan.distillation.teachers), and with forward_kl_topk its `teacher_topk_log_probs` and
+        `teacher_topk_ids` `(bs, response_len, topk)`, each at that teacher's temperature. A teacher that some row of
+        the whole batch needs (`meta_info["teachers"]`) scores every row of this rank's share, since its sharded
+        forward needs every rank; each row keeps its own teacher's."""
+        distill = self.plan.distillation
+        index = data.batch[TEACHER_INDEX]
+        columns: dict[str, torch.Tensor] = {}
+        for i in data.meta_info["teachers"]:
+            teacher, policy = distill.teachers[i], self.teachers[i]
+            data.meta_info["temperature"] = teacher.temperature
+            if distill.uses_topk:
+                scored = dict(zip(("teacher_log_probs", "teacher_topk_log_probs", "teacher_topk_ids"),
+                                  policy.compute_topk_log_prob(data, distill.topk), strict=True))
+            else:
+                scored = {"teacher_log_probs": policy.compute_log_prob(data, calculate_entropy=False)[0]}
+            rows = index == i
+            for name, value in scored.items():
+                columns.setdefault(name, torch.zeros_like(value))[rows] = value[rows]
+        return DataProto.from_dict(tensors=columns)
 
     # ---------------------------------------------------------------------------------------------- update
     @register(dispatch_mode=Dispatch.DP_SP_COMPUTE_PROTO)

@@ -22,6 +22,7 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, Ra
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.async_plan import decoupled_threshold, effective_correction
 from verl.trainer.ppo.batch_filters import build_batch_filter
+from verl.trainer.ppo.distillation import route_to_teachers
 from verl.trainer.ppo.guards import SkippedStepGuard
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, phase_timer, reduce_metrics
 from verl.trainer.ppo.reward import compute_reward
@@ -313,6 +314,10 @@ class RayPPOTrainer(RolloutPhase):
         if self.use_reference_policy:
             with phase_timer(Phase.REF.timer, timing):
                 batch = batch.union(_with_metrics(self.actor_rollout_wg.compute_ref_log_prob(batch), metrics))
+        if self.plan.distillation is not None:  # the teachers score every response token
+            with phase_timer(Phase.TEACHER.timer, timing):
+                batch = route_to_teachers(batch, self.plan.distillation)
+                batch = batch.union(_with_metrics(self.actor_rollout_wg.compute_teacher_log_prob(batch), metrics))
         if self.use_critic:
             with phase_timer(Phase.VALUES.timer, timing):
                 batch = batch.union(_with_metrics(self.critic_wg.compute_values(batch), metrics))

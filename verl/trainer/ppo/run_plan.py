@@ -28,6 +28,7 @@ from verl.algorithms import build_actor_objective
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.async_plan import plan_async, stale_data_source
 from verl.trainer.ppo.config_rules import check_topology, critic_enabled
+from verl.trainer.ppo.distillation import plan_distillation
 from verl.trainer.ppo.rollout_corr_helper import correction_enabled
 from verl.trainer.ppo.topology import Topology, plan_topology
 from verl.utils.config import ConfigError, option
@@ -313,4 +314,5 @@ def plan_run(config: DictConfig, device: str, actor_parameters: int | None = Non
         lora=plan_lora(model),
         greedy_baseline=greedy_baseline(algorithm.adv_estimator),
         async_rl=async_rl,
+        distillation=plan_distillation(config, sp),
     )

@@ -16,6 +16,7 @@ from collections import defaultdict
 import torch
 
 from verl.algorithms import build_actor_objective
+from verl.algorithms.distillation import combine, distillation_loss, estimator_losses, forward_kl_topk
 from verl.algorithms.kl import kl_penalty
 from verl.algorithms.primitives import compute_entropy_loss, truncated_is_weights
 from verl.protocol import DataProto
@@ -31,9 +32,9 @@ from verl.utils.packing import (
     uses_varlen_attention,
 )
 from verl.utils.rollout_gap import gap_sums, worker_metrics
-from verl.utils.run_plan import MicroBatches, UpdateBatches
+from verl.utils.run_plan import DistillationPlan, MicroBatches, UpdateBatches
 from verl.utils.seqlen_balancing import restore_order, split_micro_batches
-from verl.utils.torch_functional import LOGITS_CHUNK, logprobs_and_entropy, masked_mean
+from verl.utils.torch_functional import LOGITS_CHUNK, log_probs_of_top_tokens, logprobs_and_entropy, masked_mean
 from verl.utils.ulysses import ulysses_forward
 from verl.workers.ppo_batches import ppo_mini_batches
 
@@ -42,6 +43,16 @@ ACTOR = "actor_rollout_ref.actor"
 FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 # Tokens per chunk of the fused log-probs (model.use_fused_kernels).
 FUSED_CHUNK = CHUNK_TOKENS
+
+
+def _to_responses(values: torch.Tensor, scored: torch.Tensor | None, responses: torch.Tensor) -> torch.Tensor:
+    """`(bs, response_len, ...)` from per-position `values` `(n, ...)` of `_response_logits`: in place where `scored`
+    marks a token (0 elsewhere), or all positions row-major when `scored` is None."""
+    if scored is None:
+        return values.view(*responses.shape, *values.shape[1:])
+    placed = values.new_zeros(*scored.shape, *values.shape[1:])
+    placed[scored] = values
+    return placed
 
 
 @contextlib.contextmanager
@@ -143,8 +154,11 @@ class DataParallelPPOActor:
     def __init__(self, config, actor_module: torch.nn.Module, actor_optimizer: torch.optim.Optimizer | None = None,
                  *, use_remove_padding: bool, batches: UpdateBatches | None = None,
                  log_prob: MicroBatches | None = None, fused_logprobs: bool = False, activation_offload: bool = False,
-                 sp_group=None):
+                 sp_group=None, distillation: DistillationPlan | None = None):
         self.config = config
+        # On-policy distillation (verl/algorithms/distillation.py): the update adds the distillation term, reading
+        # the teachers' log-probs of the batch; None: plain RL.
+        self.distillation = distillation
         # Ulysses sequence parallelism: the ranks of `sp_group` hold the same micro-batches and each runs the model
         # on one piece of every row (`_forward_sequence_parallel`); None: whole rows.
         self.sp_group = sp_group
@@ -197,9 +211,9 @@ class DataParallelPPOActor:
         if self.sp_group is not None:
             return self._forward_sequence_parallel(input_ids, attention_mask, position_ids, responses, temperature,
                                                    calculate_entropy, chunking, fused)
-        if self.use_remove_padding:
-            return self._forward_packed(input_ids, attention_mask, position_ids, responses, temperature,
-                                        calculate_entropy, chunking, fused)
+        if fused and self.use_remove_padding:
+            return self._forward_packed_fused(input_ids, attention_mask, position_ids, responses, temperature,
+                                              calculate_entropy)
         if fused:
             batch, width = input_ids.shape
             positions = padded_predictors(batch, width, response_length, input_ids.device)
@@ -208,40 +222,72 @@ class DataParallelPPOActor:
                                           position_ids=position_ids, use_cache=False).logits[0]
             stats = stats.float().view(batch, response_length, -1)
             return (stats[..., 1] if calculate_entropy else None), stats[..., 0], None
-        # The logits at position t predict token t+1, so the response tokens are predicted by the slice before them;
-        # models that can (HF's `logits_to_keep`) apply the LM head to those positions only.
+        logits, labels, scored = self._response_logits(input_ids, attention_mask, position_ids, responses)
+        log_probs, entropy, *sum_pi_squared = logprobs_and_entropy(logits, labels, temperature, calculate_entropy,
+                                                                   **chunking)
+        return (_to_responses(entropy, scored, responses) if calculate_entropy else None,
+                _to_responses(log_probs, scored, responses),
+                _to_responses(sum_pi_squared[0], scored, responses) if sum_pi_squared else None)
+
+    def _response_logits(self, input_ids, attention_mask, position_ids, responses):
+        """The logits of the positions that predict the response tokens: `(logits (n, vocab), labels (n,), scored)`,
+        `labels` the tokens they predict, `scored` `(bs, response_len)` marking where each goes (None: every
+        position, n = bs x response_len, row-major).
+
+        With `use_remove_padding` the sequences' real tokens go through the model packed into rows by
+        `verl/utils/packing.pack_rows` (one row under a varlen attention kernel, flash-attn; else first-fit-decreasing
+        rows no longer than the padded batch's, ending in filler tokens) whose position ids restart at 0 for each
+        sequence: the model's attention keeps the sequences apart, and the LM head sees only the predicting
+        positions. Else the padded rows go through whole; the logits at position t predict token t+1, so the
+        response tokens are predicted by the slice before them, and models that can (HF's `logits_to_keep`) apply
+        the LM head to those positions only."""
+        if self.use_remove_padding:
+            packed_ids, packed_positions, destination = pack_rows(input_ids, attention_mask, position_ids,
+                                                                  self.filler_token_id, self.varlen_attention)
+            scored, predictors = response_predictors(attention_mask, destination, responses.shape[-1])
+            with lm_head_on_rows(self.actor_module, predictors) as selected:
+                output = self.actor_module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None,
+                                           use_cache=False)
+            logits = output.logits[0] if selected else output.logits.flatten(0, 1)[predictors]
+            return logits, responses[scored], scored
+        response_length = responses.shape[-1]
         keep = {"logits_to_keep": response_length + 1} if self.takes_logits_to_keep else {}
         output = self.actor_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                    use_cache=False, **keep)
-        logits = output.logits[:, -response_length - 1 : -1, :]
-        log_probs, entropy, *sum_pi_squared = logprobs_and_entropy(logits, responses, temperature, calculate_entropy,
-                                                                   **chunking)
-        return entropy, log_probs, (sum_pi_squared[0] if sum_pi_squared else None)
+        return output.logits[:, -response_length - 1 : -1, :].flatten(0, 1), responses.reshape(-1), None
 
-    def _forward_packed(self, input_ids, attention_mask, position_ids, responses, temperature, calculate_entropy,
-                        chunking, fused: bool = False):
-        """The forward pass over the real tokens only, packed into rows by `verl/utils/packing.pack_rows`: one row
-        under a varlen attention kernel (flash-attn), else first-fit-decreasing rows no longer than the padded
-        batch's, ending in filler tokens. The LM head sees only the positions that predict response tokens (with
-        `fused`, `fused_lm_head` turns them into log-probs and entropy directly)."""
+    def _forward_packed_fused(self, input_ids, attention_mask, position_ids, responses, temperature,
+                              calculate_entropy):
+        """The packed forward pass of `_response_logits` with `fused_lm_head` turning the predicting positions'
+        hidden states into log-probs and entropy directly (no logits)."""
         packed_ids, packed_positions, destination = pack_rows(input_ids, attention_mask, position_ids,
                                                               self.filler_token_id, self.varlen_attention)
         scored, predictors = response_predictors(attention_mask, destination, responses.shape[-1])
-        if fused:
-            with fused_lm_head(self.actor_module, predictors, responses[scored], temperature, calculate_entropy):
-                stats = self.actor_module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None,
-                                          use_cache=False).logits[0].float()
-            entropy = unpack_responses(stats[:, 1], scored) if calculate_entropy else None
-            return entropy, unpack_responses(stats[:, 0], scored), None
-        with lm_head_on_rows(self.actor_module, predictors) as selected:
-            output = self.actor_module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None,
-                                       use_cache=False)
-        logits = output.logits[0] if selected else output.logits.flatten(0, 1)[predictors]
-        log_prob, entropy, *sum_pi_squared = logprobs_and_entropy(logits, responses[scored], temperature,
-                                                                  calculate_entropy, **chunking)
-        entropy = unpack_responses(entropy, scored) if calculate_entropy else None
-        sum_pi_squared = unpack_responses(sum_pi_squared[0], scored) if sum_pi_squared else None
-        return entropy, unpack_responses(log_prob, scored), sum_pi_squared
+        with fused_lm_head(self.actor_module, predictors, responses[scored], temperature, calculate_entropy):
+            stats = self.actor_module(input_ids=packed_ids, position_ids=packed_positions, attention_mask=None,
+                                      use_cache=False).logits[0].float()
+        entropy = unpack_responses(stats[:, 1], scored) if calculate_entropy else None
+        return entropy, unpack_responses(stats[:, 0], scored), None
+
+    def _forward_topk(self, micro_batch, temperature: float, calculate_entropy: bool = False, *,
+                      topk: int | None = None, topk_ids: torch.Tensor | None = None):
+        """The forward pass of on-policy distillation's top-k loss: `(entropy or None, log_probs, topk_log_probs,
+        topk_ids)`, the first two `(batch, response_len)`, the last two `(batch, response_len, k)`: with `topk`, the
+        k most likely tokens of each response position and their log-probs (the teacher's side); with `topk_ids`
+        `(batch, response_len, k)`, the log-probs of those tokens (the student's, differentiable). All at
+        `temperature`, over the whole vocabulary (no fused head, whole rows)."""
+        responses = micro_batch["responses"]
+        input_ids, attention_mask, position_ids = cut_shared_left_padding(
+            micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"], responses.shape[-1])
+        logits, labels, scored = self._response_logits(input_ids, attention_mask, position_ids, responses)
+        log_probs, entropy = logprobs_and_entropy(logits, labels, temperature, calculate_entropy)
+        ids = None
+        if topk_ids is not None:  # the teacher's ids laid out like the positions
+            ids = topk_ids.flatten(0, 1) if scored is None else topk_ids[scored]
+        topk_log_probs, ids = log_probs_of_top_tokens(logits, temperature, k=topk, ids=ids)
+        return (_to_responses(entropy, scored, responses) if calculate_entropy else None,
+                _to_responses(log_probs, scored, responses), _to_responses(topk_log_probs, scored, responses),
+                _to_responses(ids, scored, responses))
 
     def _forward_sequence_parallel(self, input_ids, attention_mask, position_ids, responses, temperature,
                                    calculate_entropy, chunking, fused):
@@ -313,6 +359,19 @@ class DataParallelPPOActor:
             return log_probs, entropys, gather(2)
         return log_probs, entropys
 
+    @torch.no_grad()
+    def compute_topk_log_prob(self, data: DataProto, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(log_probs (bs, response_len), topk_log_probs (bs, response_len, k), topk_ids (bs, response_len, k))`:
+        the sampled tokens' log-probs and each response position's k most likely tokens, at
+        `meta_info["temperature"]`, in the plan's micro-batches (`_forward_topk`; a distillation teacher's pass)."""
+        self.actor_module.eval()
+        batch = data.select(batch_keys=FORWARD_KEYS).batch
+        micro_batches, index_map = split_micro_batches(batch, self.log_prob.size, self.log_prob.max_token_len)
+        parts = [self._forward_topk(micro_batch, data.meta_info["temperature"], topk=k)[1:]
+                 for micro_batch in micro_batches]
+        reshard_all(self.actor_module)
+        return tuple(restore_order(torch.cat(column), index_map) for column in zip(*parts, strict=True))
+
     # ------------------------------------------------------------------------------------------------ update
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """PPO update: `ppo_epochs` passes over mini-batches of `ppo_mini_batch_size` sequences.
@@ -321,6 +380,9 @@ class DataParallelPPOActor:
         `rollout_is_weights` `(bs, response_len)`, when present, goes to the policy loss. Per micro-batch:
 
             loss = policy_loss(objective.advantages(A)) - entropy_coeff * entropy + objective.kl_loss(kl)
+
+        With distillation (the plan's, `self.distillation`) the batch also holds the teachers' log-probs and the loss
+        is `combine(loss, distillation term)` of verl/algorithms/distillation.py.
 
         Returns metrics as lists (one entry per micro-batch or per optimizer step); `actor/skipped_steps` counts the
         optimizer steps skipped for a non-finite gradient norm, `actor/skipped_steps_in_row` the run of them up to the
@@ -349,6 +411,11 @@ class DataParallelPPOActor:
                        and "rollout_log_probs" in data.batch.keys())
         if in_update_weights or measure_gap:
             keys.append("rollout_log_probs")
+        distill = self.distillation
+        if distill is not None:
+            keys += ["teacher_topk_log_probs", "teacher_topk_ids"] if distill.uses_topk else ["teacher_log_probs"]
+        # Without task rewards (distillation_loss.use_task_rewards=false) the loss is the distillation term alone.
+        rl_term = distill is None or distill.use_task_rewards
         if has_old:
             keys.append("old_log_probs")
         elif cfg.ppo_epochs != 1 or self.batches is None or len(data) > self.batches.mini_batch:
@@ -362,44 +429,82 @@ class DataParallelPPOActor:
             for micro_batch, weight in micro_batches:
                 mask = micro_batch["response_mask"]
                 with offloaded_activations(self.activation_offload, self.actor_module):
-                    entropy, log_prob, _ = self._forward_micro_batch(micro_batch, temperature,
-                                                                     objective.needs_entropy)
+                    if distill is not None and distill.uses_topk:  # the student at the teacher's top-k tokens
+                        entropy, log_prob, student_topk, _ = self._forward_topk(
+                            micro_batch, temperature, objective.needs_entropy and rl_term,
+                            topk_ids=micro_batch["teacher_topk_ids"])
+                    else:
+                        entropy, log_prob, _ = self._forward_micro_batch(micro_batch, temperature,
+                                                                         objective.needs_entropy and rl_term)
                 if measure_gap and index == 0:
                     for name, values in worker_metrics(gap_sums(micro_batch["rollout_log_probs"], log_prob,
                                                                 mask)).items():
                         metrics[name].extend(values)
-                token_entropy = entropy.detach() if entropy is not None else None
                 is_weights = micro_batch["rollout_is_weights"] if has_is_weights else None
                 if in_update_weights:
                     is_weights = truncated_is_weights(log_prob, micro_batch["rollout_log_probs"], mask,
                                                       float(decoupled_c))
                     metrics["actor/decoupled_is_weight_mean"].append(masked_mean(is_weights, mask).item())
-                pg_loss, pg_metrics = objective.policy_loss(
-                    old_log_prob=micro_batch["old_log_probs"] if has_old else log_prob.detach(),
-                    log_prob=log_prob,
-                    advantages=objective.advantages(micro_batch["advantages"], token_entropy, mask),
-                    response_mask=mask,
-                    entropy=token_entropy,
-                    rollout_is_weights=is_weights,
-                )
-                loss = pg_loss
-                if cfg.entropy_coeff != 0:
-                    entropy_loss = compute_entropy_loss(entropy, mask, cfg.loss_agg_mode)
-                    loss = loss - cfg.entropy_coeff * entropy_loss
-                    metrics["actor/entropy_loss"].append(entropy_loss.item())
-                if cfg.use_kl_loss:
-                    kld = kl_penalty(log_prob, micro_batch["ref_log_prob"], cfg.kl_loss_type)
-                    kl_loss, kl_metrics = objective.kl_loss(kld, token_entropy, mask)
-                    loss = loss + kl_loss
-                    for name, value in kl_metrics.items():
-                        metrics[name].append(float(value))
+                old_log_prob = micro_batch["old_log_probs"] if has_old else log_prob.detach()
+                loss = None
+                if rl_term:
+                    loss = self._rl_loss(objective, micro_batch, log_prob, old_log_prob, entropy, is_weights, metrics)
+                if distill is not None:
+                    loss = combine(loss, self._distillation_loss(micro_batch, log_prob, old_log_prob,
+                                                                 student_topk if distill.uses_topk else None,
+                                                                 metrics), distill)
                 (loss * weight).backward()
-                metrics["actor/pg_loss"].append(pg_loss.item())
-                for name, value in pg_metrics.items():
-                    metrics[name].append(float(value))
             metrics["actor/grad_norm"].append(
                 clip_grad_and_step(self.actor_module, self.actor_optimizer, self.max_grad_norm))
         skipped, self.skipped_in_row = count_skipped_steps(metrics["actor/grad_norm"], self.skipped_in_row)
         metrics["actor/skipped_steps"] = [float(skipped)]
         metrics["actor/skipped_steps_in_row"] = [float(self.skipped_in_row)]
         return dict(metrics)
+
+    def _rl_loss(self, objective, micro_batch, log_prob, old_log_prob, entropy, is_weights, metrics) -> torch.Tensor:
+        """policy_loss(objective.advantages(A)) - entropy_coeff * entropy + objective.kl_loss(kl) of one micro-batch;
+        its metrics are appended to `metrics`."""
+        cfg, mask = self.config, micro_batch["response_mask"]
+        token_entropy = entropy.detach() if entropy is not None else None
+        pg_loss, pg_metrics = objective.policy_loss(
+            old_log_prob=old_log_prob,
+            log_prob=log_prob,
+            advantages=objective.advantages(micro_batch["advantages"], token_entropy, mask),
+            response_mask=mask,
+            entropy=token_entropy,
+            rollout_is_weights=is_weights,
+        )
+        loss = pg_loss
+        if cfg.entropy_coeff != 0:
+            entropy_loss = compute_entropy_loss(entropy, mask, cfg.loss_agg_mode)
+            loss = loss - cfg.entropy_coeff * entropy_loss
+            metrics["actor/entropy_loss"].append(entropy_loss.item())
+        if cfg.use_kl_loss:
+            kld = kl_penalty(log_prob, micro_batch["ref_log_prob"], cfg.kl_loss_type)
+            kl_loss, kl_metrics = objective.kl_loss(kld, token_entropy, mask)
+            loss = loss + kl_loss
+            for name, value in kl_metrics.items():
+                metrics[name].append(float(value))
+        metrics["actor/pg_loss"].append(pg_loss.item())
+        for name, value in pg_metrics.items():
+            metrics[name].append(float(value))
+        return loss
+
+    def _distillation_loss(self, micro_batch, log_prob, old_log_prob, student_topk, metrics) -> torch.Tensor:
+        """The distillation term of one micro-batch (verl/algorithms/distillation.py) against the teachers'
+        log-probs in the batch; `student_topk` `(bs, response_len, k)`: the student's log-probs at the teacher's top-k
+        tokens (forward_kl_topk), else None. Its metrics are appended to `metrics`."""
+        distill, mask = self.distillation, micro_batch["response_mask"]
+        if student_topk is not None:
+            per_token, student_mass, teacher_mass = forward_kl_topk(student_topk, micro_batch["teacher_topk_log_probs"],
+                                                                    distill.log_prob_min_clamp)
+            metrics["distillation/student_mass"].append(masked_mean(student_mass, mask).item())
+            metrics["distillation/teacher_mass"].append(masked_mean(teacher_mass, mask).item())
+        else:
+            per_token = estimator_losses(log_prob, micro_batch["teacher_log_probs"], distill.loss_mode)
+        loss, distill_metrics = distillation_loss(per_token, mask, distill, self.config.loss_agg_mode, log_prob,
+                                                  old_log_prob)
+        metrics["distillation/loss"].append(loss.item())
+        for name, value in distill_metrics.items():
+            metrics[name].append(float(value))
+        return loss
