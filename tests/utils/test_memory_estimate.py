@@ -184,6 +184,16 @@ def test_kl_critic_and_offload_add_their_parts():
     assert phases["generate"]["actor optimizer"] == 0 and phases["update_actor"]["actor optimizer"] == 4000
 
 
+def test_distillation_teachers_hold_their_sharded_weights(tmp_path):
+    """A teacher's weights are resident beside the actor's, sharded like the reference, in its own shape."""
+    (tmp_path / "teacher").mkdir()
+    config = small_config("distillation.enabled=true",
+                          f"distillation.teacher_models.teacher_model.model_path={tmp_path / 'teacher'}")
+    teacher = dataclasses.replace(SMALL, parameters=3000, trainable=3000)
+    estimate = estimate_ppo_memory(config, plan_run(config, "cpu"), {"actor": SMALL, "teacher teacher_model": teacher})
+    assert estimate.phases["update_actor"]["teacher teacher_model weights"] == 4 * 3000 // 2
+
+
 def test_each_memory_lever_changes_its_part():
     base = small_config()
     wide_vocab = dataclasses.replace(SMALL, vocab=5000)  # so that the logits are the peak of each pass

@@ -68,7 +68,7 @@ from verl.utils.fsdp_utils import (
 from verl.utils.fused_logprobs import CHUNK_TOKENS
 from verl.utils.memory.claim import EngineClaim, EngineClaimFn, EngineContext
 from verl.utils.memory.passes import generate_rows, micro_batch_sequences, planned_passes, sequence_length
-from verl.utils.memory.shapes import ModelShape
+from verl.utils.memory.shapes import TEACHER_SHAPE, ModelShape
 from verl.utils.memory.units import DTYPE_BYTES, FLOAT32_BYTES, gib
 from verl.utils.phases import Phase
 from verl.utils.run_plan import MicroBatches, RunPlan
@@ -321,6 +321,10 @@ def _resident(step: _Step, capacity: int | None) -> dict[str, int]:
     }
     if plan.use_reference_policy and plan.lora is None:
         resident["ref weights"] = _weights(device, actor, arr.ref.fsdp_config, DTYPE_BYTES[plan.ref.param_dtype], shard)
+    for name, shape in step.shapes.items():  # distillation's teachers, sharded like the reference
+        if name.startswith(TEACHER_SHAPE):
+            resident[f"{name} weights"] = _weights(device, shape, arr.ref.fsdp_config, DTYPE_BYTES[plan.ref.param_dtype],
+                                                   shard)
     if plan.use_critic:
         critic_shape, critic_fsdp = step.shapes["critic"], config.critic.model.fsdp_config
         critic_bytes, critic_shard = DTYPE_BYTES[plan.critic.param_dtype], plan.critic.fsdp_size

@@ -114,9 +114,12 @@ def _lora_targets(name: str, module, target_modules, exclude_modules: str | None
     return name.rsplit(".", 1)[-1] in {n.strip() for n in names}
 
 
+TEACHER_SHAPE = "teacher "  # the shapes' key of a distillation teacher: "teacher <name>"
+
+
 def ppo_model_shapes(config: DictConfig, critic: bool, lora: LoraPlan | None) -> dict[str, ModelShape]:
     """The shapes of the run's models: the actor's (with `lora`, the plan's LoRA: only its adapters train), the
-    critic's (`critic`) and the reward model's (when on)."""
+    critic's (`critic`), the reward model's (when on) and each distillation teacher's."""
     model = config.actor_rollout_ref.model
     overrides = OmegaConf.to_container(model.override_config, resolve=True)
     shapes = {
@@ -142,4 +145,10 @@ def ppo_model_shapes(config: DictConfig, critic: bool, lora: LoraPlan | None) ->
         shapes["reward_model"] = read_model_shape(
             config.reward_model.model.path, "sequence", trust_remote_code=config.reward_model.model.trust_remote_code
         )
+    distillation = config.get("distillation")
+    if distillation is not None and distillation.enabled:  # each teacher's frozen weights beside the actor's
+        for name, teacher in distillation.teacher_models.items():
+            if teacher.get("model_path"):
+                shapes[f"{TEACHER_SHAPE}{name}"] = read_model_shape(teacher.model_path, "lm",
+                                                                    trust_remote_code=model.trust_remote_code)
     return shapes
