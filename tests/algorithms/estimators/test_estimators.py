@@ -13,6 +13,7 @@ import torch
 
 from verl.algorithms.estimators import (
     compute_gpg_outcome_advantage,
+    compute_gpg_signal_groups_advantage,
     compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
     compute_grpo_vectorized_outcome_advantage,
@@ -36,6 +37,7 @@ ESTIMATORS = {
     "grpo_vectorized": compute_grpo_vectorized_outcome_advantage,
     "opo": compute_opo_outcome_advantage,
     "gpg": compute_gpg_outcome_advantage,
+    "gpg_signal_groups": compute_gpg_signal_groups_advantage,
     "grpo_passk": compute_grpo_passk_outcome_advantage,
 }
 
@@ -210,7 +212,8 @@ def test_opo_group_of_one_has_zero_baseline():
 
 
 def test_gpg_hand_computed():
-    # Groups a, b as above plus group c scoring (1, 1): no signal. B = 7, M = 5, alpha = 7/5.
+    # Groups a, b as above plus group c scoring (1, 1): no signal. B = 7, M = 5 (5 non-zero scores, verl's count;
+    # also the 5 responses of groups a and b, gpg_signal_groups'), alpha = 7/5.
     rewards, mask, index = _batch(lengths=LENGTHS + [2, 3], scores=SCORES + [1.0, 1.0],
                                   index=("a", "a", "a", "b", "b", "c", "c"))
     adv, returns = compute_gpg_outcome_advantage(rewards, mask, index, f_norm=2.0)
@@ -220,11 +223,14 @@ def test_gpg_hand_computed():
 
 
 def test_gpg_groups_of_one_and_no_signal_at_all():
-    # solo0 scores 2 (signal, baseline 0), solo1 scores 0 (none), x scores (3, 3) (none): B = 4, M = 1.
+    # solo0 scores 2 (signal, baseline 0), solo1 scores 0 (none), x scores (3, 3) (none): B = 4. gpg_signal_groups
+    # counts the responses of groups with signal, M = 1; verl's gpg the non-zero scores, M = 3.
     rewards, mask, index = _batch(lengths=[1, 2, 3, 1], scores=[2.0, 0.0, 3.0, 3.0],
                                   index=("solo0", "solo1", "x", "x"))
-    adv, _ = compute_gpg_outcome_advantage(rewards, mask, index)
+    adv, _ = compute_gpg_signal_groups_advantage(rewards, mask, index)
     torch.testing.assert_close(adv, _per_seq([4 * 2.0, 0.0, 0.0, 0.0], mask))
+    adv, _ = compute_gpg_outcome_advantage(rewards, mask, index)
+    torch.testing.assert_close(adv, _per_seq([4 / 3 * 2.0, 0.0, 0.0, 0.0], mask))
     rewards, mask, index = _batch(lengths=[1, 2], scores=[3.0, 3.0], index=("x", "x"))
     assert torch.all(compute_gpg_outcome_advantage(rewards, mask, index)[0] == 0)
 

@@ -3,7 +3,7 @@
 
 - grpo.py: `grpo`, `grpo_vectorized`, `grpo_passk`          - gae.py: `gae` (needs a critic's values)
 - rloo.py: `rloo`, `rloo_vectorized`                         - reinforce.py: `reinforce_plus_plus`, `..._baseline`
-- opo.py: `opo`                                              - gpg.py: `gpg`
+- opo.py: `opo`                                              - gpg.py: `gpg`, `gpg_signal_groups` (the paper's M)
 - remax.py: `remax` (needs the greedy response's reward)     - gdpo.py: `gdpo` (per-component GRPO)
 - otb.py: `optimal_token_baseline`, `tir_optimal_token_baseline` (need the actor's `sum_pi_squared`)
 
@@ -13,7 +13,7 @@ ids, for the group-based ones) and returns `(advantages, returns)`, both `(bs, L
 
 from verl.algorithms.estimators.gae import compute_gae_advantage_return
 from verl.algorithms.estimators.gdpo import compute_gdpo_outcome_advantage
-from verl.algorithms.estimators.gpg import compute_gpg_outcome_advantage
+from verl.algorithms.estimators.gpg import compute_gpg_outcome_advantage, compute_gpg_signal_groups_advantage
 from verl.algorithms.estimators.grpo import (
     compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
@@ -35,6 +35,7 @@ __all__ = [
     "compute_gae_advantage_return",
     "compute_gdpo_outcome_advantage",
     "compute_gpg_outcome_advantage",
+    "compute_gpg_signal_groups_advantage",
     "compute_grpo_outcome_advantage",
     "compute_grpo_passk_outcome_advantage",
     "compute_grpo_vectorized_outcome_advantage",
