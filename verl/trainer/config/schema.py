@@ -309,6 +309,37 @@ class AsyncTrainingConfig(Section):
             need(getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be >= 1", problems)
 
 
+@config_section("distillation.distillation_loss")
+class DistillationLossConfig(Section):
+    """The student's loss against its teachers (verl/algorithms/distillation.py has the formulas; its rules are
+    checked where the run is planned, verl/trainer/ppo/distillation.py, as they matter only when enabled)."""
+
+    loss_mode: str
+    topk: int
+    use_policy_gradient: bool
+    policy_loss_mode: str
+    clip_ratio: float
+    clip_ratio_low: float
+    clip_ratio_high: float
+    use_task_rewards: bool
+    distillation_loss_coef: float
+    loss_max_clamp: float | None
+    log_prob_min_clamp: float | None
+
+
+@config_section("distillation")
+class DistillationConfig(Section):
+    """verl 0.9.1's on-policy distillation (verl/trainer/ppo/distillation.py plans it; the teachers are named
+    entries of free form, checked there)."""
+
+    enabled: bool
+    teacher_key: str | None
+    nnodes: int
+    n_gpus_per_node: int
+    teacher_models: dict[str, Any]
+    distillation_loss: DistillationLossConfig
+
+
 @config_section("trainer")
 class TrainerConfig(Section):
     device: str
@@ -402,3 +433,4 @@ class PPOTrainerConfig(Section):
     trainer: TrainerConfig
     async_training: AsyncTrainingConfig
     ray_kwargs: RayKwargsConfig
+    distillation: DistillationConfig
