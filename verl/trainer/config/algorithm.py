@@ -75,6 +75,21 @@ class FilterGroupsConfig(Section):
              "must be >= 0", problems)
 
 
+@config_section(f"{ALGORITHM}.pf_ppo")
+class PfPpoConfig(Section):
+    """Policy-Filtered PPO's resampling weights (verl/trainer/ppo/pf_ppo.py)."""
+
+    reweight_method: str  # pow | max_min | max_random
+    weight_pow: float
+
+    def check(self, problems: list[str]) -> None:
+        from verl.trainer.ppo.pf_ppo import REWEIGHT_METHODS
+
+        p = self.__config_prefix__
+        need(self.reweight_method in REWEIGHT_METHODS, f"{p}.reweight_method={self.reweight_method!r} must be one "
+             f"of {', '.join(REWEIGHT_METHODS)}", problems)
+
+
 @config_section(ALGORITHM)
 class AlgoConfig(Section):
     adv_estimator: str
@@ -88,6 +103,8 @@ class AlgoConfig(Section):
     kl_ctrl: KLControlConfig
     rollout_correction: RolloutCorrectionConfig
     filter_groups: FilterGroupsConfig
+    use_pf_ppo: bool
+    pf_ppo: PfPpoConfig
     # RLPR's EMA-std group filter (filter_mode=ema_std).
     filter_mode: str
     std_filter_beta: float

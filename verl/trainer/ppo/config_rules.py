@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.algorithms.registry import get_adv_estimator_fn
 from verl.trainer.config.schema import PPOTrainerConfig
+from verl.trainer.ppo.pf_ppo import pf_ppo_note
 from verl.trainer.ppo.topology import Topology, plan_topology
 from verl.utils.config import ConfigError, need, resolve_device, verl_key_reason, verl_only_keys, verl_only_values
 from verl.utils.typed_config import build_section, check_config_types, check_with
@@ -338,6 +339,9 @@ def announce_inert_keys(cfg: DictConfig, engine: str, device: str = "cpu") -> li
             if key.endswith(".dtype"):
                 reason += f" on {device} (the hf engine reads it on CUDA)"
         print(f"[config] {key}={shown} is accepted for verl scripts but does nothing in Quiver: {reason}")
+    note = pf_ppo_note(cfg.algorithm)
+    if note:
+        print(note)
     rollout = cfg.actor_rollout_ref.rollout
     why = engine_unavailable(rollout.name, device, rollout.tensor_model_parallel_size)
     if why and rollout.name != engine:

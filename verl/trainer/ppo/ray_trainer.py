@@ -25,6 +25,7 @@ from verl.trainer.ppo.batch_filters import build_batch_filter
 from verl.trainer.ppo.distillation import route_to_teachers
 from verl.trainer.ppo.guards import SkippedStepGuard
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics, phase_timer, reduce_metrics
+from verl.trainer.ppo.pf_ppo import pf_ppo_enabled, pf_ppo_resample
 from verl.trainer.ppo.reward import compute_reward
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.rollout_phase import RolloutPhase
@@ -338,6 +339,10 @@ class RayPPOTrainer(RolloutPhase):
                                       lam=cfg.algorithm.lam, num_repeat=n,
                                       norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
                                       config=cfg.algorithm)
+            if pf_ppo_enabled(cfg.algorithm):  # Policy-Filtered PPO: both updates train on rows drawn by score
+                batch, pf_metrics = pf_ppo_resample(batch, cfg.algorithm.pf_ppo.reweight_method,
+                                                    cfg.algorithm.pf_ppo.weight_pow)
+                metrics.update(pf_metrics)
 
         if self.use_critic:
             with phase_timer(Phase.UPDATE_CRITIC.timer, timing):
