@@ -1,4 +1,5 @@
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -62,11 +63,13 @@ def test_overrides_give_hydras_own_composition(name, overrides):
     from omegaconf import OmegaConf
 
     from verl.utils.config import apply_renamed_keys, compose_config
+    from verl.utils.verl_keys import apply_verl_lora_section
 
     overrides = _verl_keys_with_values() if overrides == "verl keys" else overrides
     _, ours = compose_config(name, overrides)
     hydras = _hydra_compose(name, overrides)
     apply_renamed_keys(hydras)
+    apply_verl_lora_section(hydras)
     assert OmegaConf.to_container(ours, resolve=False) == OmegaConf.to_container(hydras, resolve=False)
     assert OmegaConf.is_struct(ours) and OmegaConf.is_struct(hydras) and not OmegaConf.is_readonly(ours)
 
@@ -388,15 +391,17 @@ def test_every_verl_key_is_accepted_and_announced_with_its_reason(capsys):
 
     from verl.trainer.ppo.config_rules import announce_inert_keys
     from verl.utils.config import NOT_CARRIED_KEYS, RENAMED_KEYS, _flatten, verl_key_reason, verl_only_keys
+    from verl.utils.verl_keys import LORA_KEYS, LORA_SECTION
 
     keys = {key: default for key, default in verl_only_keys().items() if key not in NOT_CARRIED_KEYS}
     assert len(keys) > 500 and not set(keys) & set(_flatten(base_config()))
     cfg = load_config(overrides=[f"{key}={_value_for(default)}" for key, default in keys.items()])
-    inert = {key: default for key, default in keys.items() if key not in RENAMED_KEYS}
+    mapped = set(RENAMED_KEYS) | {f"{LORA_SECTION}.{key}" for key in LORA_KEYS}  # they set Quiver's keys
+    inert = {key: default for key, default in keys.items() if key not in mapped}
     assert all(OmegaConf.select(cfg, key, default="<missing>") != "<missing>" for key in inert)
     assert cfg.custom_reward_function.name == "compute_score" and cfg.reward_model.reward_manager == "naive"
     announced = announce_inert_keys(cfg, "hf")
-    assert set(inert) <= set(announced) and not set(RENAMED_KEYS) & set(announced)
+    assert set(inert) <= set(announced) and not mapped & set(announced)
     lines = capsys.readouterr().out.splitlines()
     line = next(line for line in lines if line.startswith("[config] global_profiler.tool="))
     assert line.endswith(verl_key_reason("global_profiler.tool")) and "profiler" in line
@@ -413,8 +418,22 @@ def test_every_key_of_verls_example_scripts_passes_with_its_usual_value():
     from omegaconf import OmegaConf
 
     rows = [line.rstrip("\n").split("\t") for line in open(SCRIPT_KEYS) if line.strip() and not line.startswith("#")]
+    from verl.utils.verl_keys import LORA_KEYS, LORA_SECTION, REFUSED_VALUES
+
     rows = [(key, value) for key, _, value, in_verl, _ in rows if in_verl == "yes" and value and "$" not in value]
     assert len(rows) > 150
+    # Values asking for what Quiver does not build (MTP, over-sampling, DoRA-like LoRA, adapter dropout) are refused,
+    # each naming its key; every other key composes.
+    refused = [(key, value) for key, value in rows if key in REFUSED_VALUES]
+    assert {key for key, _ in refused} >= {"actor_rollout_ref.model.mtp.enable",
+                                           "actor_rollout_ref.rollout.over_sample_rate"}
+    for key, value in refused:
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            load_config(overrides=[f"{key}={value}"])
+    # verl 0.9's LoRA section sets Quiver's LoRA keys, which other scripts set to other values: composed apart.
+    mapped = {f"{LORA_SECTION}.{key}" for key in LORA_KEYS}
+    load_config(overrides=[f"{key}={value}" for key, value in rows if key in mapped])
+    rows = [(key, value) for key, value in rows if key not in REFUSED_VALUES and key not in mapped]
     cfg = load_config(overrides=[f"{key}={value}" for key, value in rows])  # a ConfigError lists every key at fault
     assert all(OmegaConf.select(cfg, key, default="<missing>") != "<missing>" for key, _ in rows)
 

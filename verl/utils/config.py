@@ -302,6 +302,10 @@ def compose_config(config_name: str = "ppo_trainer", overrides: list[str] | None
         raise ConfigError(f"could not apply the overrides {overrides}: {err}") from err
     check_verl_only_values(cfg)
     apply_renamed_keys(cfg)
+    from verl.utils.verl_keys import apply_verl_lora_section, refuse_verl_values
+
+    refuse_verl_values(cfg)
+    apply_verl_lora_section(cfg)
     return base, cfg
 
 
@@ -345,6 +349,8 @@ RENAMED_KEYS = {
     "reward.reward_model.model_path": "reward_model.model.path",
     "reward.sandbox_fusion.url": "reward_model.sandbox_fusion.url",
     "reward.sandbox_fusion.max_concurrent": "reward_model.sandbox_fusion.max_concurrent",
+    "actor_rollout_ref.actor.tau_pos": "actor_rollout_ref.actor.policy_loss.tau_pos",  # SAPO's temperatures
+    "actor_rollout_ref.actor.tau_neg": "actor_rollout_ref.actor.policy_loss.tau_neg",
     **{f"reward.reward_model.rollout.{key}": f"reward_model.rollout.{key}"
        for key in ("name", "gpu_memory_utilization", "tensor_model_parallel_size", "dtype", "max_model_len",
                    "prompt_length", "response_length", "enforce_eager")},
