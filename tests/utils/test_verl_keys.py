@@ -78,6 +78,8 @@ def test_megatron_module_names_become_hugging_face_names():
     assert hf_target_modules(["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]) == "all-linear"
     assert hf_target_modules(["linear_fc1", "linear_fc2"]) == "gate_proj,up_proj,down_proj"
     assert hf_target_modules("q_proj,v_proj") == "q_proj,v_proj"
+    # canonical LoRA's split names (verl's canonical_lora scripts)
+    assert hf_target_modules(["linear_q", "linear_v", "linear_fc1_up"]) == "q_proj,v_proj,up_proj"
     import re
 
     pattern = exclude_regex(["lm_head"])

@@ -113,6 +113,9 @@ LORA_KEYS = {"rank": "lora_rank", "alpha": "lora_alpha", "adapter_path": "lora_a
 # Megatron's names of a decoder layer's linear layers -> the Hugging Face names of the same layers.
 MEGATRON_LINEARS = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
                     "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+# canonical LoRA's split names of the same layers (verl's lora.type=canonical_lora scripts list them).
+SPLIT_LINEARS = {"linear_q": ("q_proj",), "linear_k": ("k_proj",), "linear_v": ("v_proj",),
+                 "linear_fc1_gate": ("gate_proj",), "linear_fc1_up": ("up_proj",)}
 
 
 def hf_target_modules(names) -> str:
@@ -121,7 +124,8 @@ def hf_target_modules(names) -> str:
         names = [name.strip() for name in names.split(",") if name.strip()]
     if set(names) >= set(MEGATRON_LINEARS) or "all-linear" in names:
         return "all-linear"
-    return ",".join(hf for name in names for hf in MEGATRON_LINEARS.get(name, (name,)))
+    hf_names = {**MEGATRON_LINEARS, **SPLIT_LINEARS}
+    return ",".join(hf for name in names for hf in hf_names.get(name, (name,)))
 
 
 def exclude_regex(names) -> str | None:
