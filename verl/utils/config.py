@@ -65,7 +65,8 @@ VERL_KEY_REASONS: tuple[tuple[str, str], ...] = (
     ("distillation.", "a serving knob of verl's teacher inference servers: Quiver's teacher scores each prompt and "
                       "response whole, on the actor's ranks or the engine of inference.name"),
     ("transfer_queue.", "Quiver's driver hands batches to the workers directly (no transfer queue)"),
-    ("skip.", "rollouts are always generated (no dumped-rollout replay)"),
+    ("skip.", "the rollout skip of verl's fully-async and transfer-queue trainers: Quiver replays dumped rollouts "
+              "in the synchronous trainer only (skip.rollout)"),
     ("model_engine", "Quiver's workers are FSDP2 workers (no engine choice)"),
     ("reward_model.rollout.", "the served reward model runs vLLM's server with reward_model.rollout.{name, "
                               "gpu_memory_utilization, tensor_model_parallel_size, dtype, max_model_len, "

@@ -22,6 +22,7 @@ DEVICES = ("auto", "cpu", "cuda")
 RESUME_MODES = ("auto", "disable", "resume_path")
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 OFF_POLICY_STRATEGIES = ("drop", "wait")
+SKIP_ACTIONS = ("cache", "repeat")  # skip.rollout.action (verl/trainer/ppo/rollout_dump.py)
 
 
 def data_files(value: Any) -> list[str]:
@@ -405,6 +406,28 @@ class TrainerConfig(Section):
              f"{self.resume_mode!r}); set both, or drop overwrite", problems)
 
 
+@config_section("skip.rollout")
+class RolloutSkipConfig(Section):
+    """verl 0.9.1's skip.rollout: dump a step's rollouts, replay them in a later run (ppo/rollout_dump.py)."""
+
+    enable: bool
+    dump_dir: str
+    steps: list[int]  # the global steps that dump or replay; [] selects none (verl's meaning)
+    action: str  # cache | repeat
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        need(self.action in SKIP_ACTIONS, f"{p}.action={self.action!r} must be one of {', '.join(SKIP_ACTIONS)}",
+             problems)
+        need(all(step >= 1 for step in self.steps), f"{p}.steps={list(self.steps)} must list global steps (>= 1)",
+             problems)
+
+
+@config_section("skip")
+class SkipConfig(Section):
+    rollout: RolloutSkipConfig
+
+
 @config_section("ray_kwargs")
 class RayKwargsConfig(Section):
     ray_init: dict[str, Any]  # ray.init keywords (num_cpus, address, ...)
@@ -432,5 +455,6 @@ class PPOTrainerConfig(Section):
     algorithm: AlgoConfig
     trainer: TrainerConfig
     async_training: AsyncTrainingConfig
+    skip: SkipConfig
     ray_kwargs: RayKwargsConfig
     distillation: DistillationConfig

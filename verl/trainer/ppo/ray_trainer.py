@@ -28,6 +28,7 @@ from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_m
 from verl.trainer.ppo.pf_ppo import pf_ppo_enabled, pf_ppo_resample
 from verl.trainer.ppo.reward import compute_reward
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.rollout_dump import RolloutReplay
 from verl.trainer.ppo.rollout_phase import RolloutPhase
 from verl.trainer.ppo.rollout_stream import RolloutStream
 from verl.trainer.ppo.run_plan import plan_training_steps
@@ -130,6 +131,8 @@ class RayPPOTrainer(RolloutPhase):
         # Which generated groups a step keeps and whether it generates more (Archer, DAPO, RLPR; batch_filters.py).
         self.batch_filter = build_batch_filter(config)
         self.skipped_step_guard = SkippedStepGuard(config)  # trainer.max_skipped_steps_in_row (guards.py)
+        # skip.rollout: listed steps dump their rollouts or replay a dump (rollout_dump.py); None when off.
+        self.rollout_replay = RolloutReplay.from_config(config, self.train_dataloader.batch_size, plan.async_rl.mode)
 
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn):
         cfg = self.config

@@ -2,10 +2,10 @@
 
 `RolloutPhase` is the part of `RayPPOTrainer` (ray_trainer.py) that turns dataloader batches into the step's
 training batch: each prompt gets its group id and rollout.n responses (`_generate`, through the rollout stream when
-generation runs ahead, rollout_stream.py), the reward model and the reward manager score them, ReMax's greedy
-baseline is added, groups over the staleness bound and those the batch filters drop leave, and the batch is cut to a
-multiple of the ranks. It reads the trainer's config, plan, worker groups, batch filter, reward function and
-counters (global_steps, actor_version).
+generation runs ahead, rollout_stream.py; or a dump's, skip.rollout: rollout_dump.py), the reward model and the
+reward manager score them, ReMax's greedy baseline is added, groups over the staleness bound and those the batch
+filters drop leave, and the batch is cut to a multiple of the ranks. It reads the trainer's config, plan, worker
+groups, batch filter, rollout replay, reward function and counters (global_steps, actor_version).
 """
 
 from __future__ import annotations
@@ -109,13 +109,24 @@ class RolloutPhase:
         return batch, gen_batch
 
     def _rollout_and_score(self, batch_dict: dict, gen_metrics: dict, timing: dict) -> tuple[DataProto, list[str]]:
-        """Generate rollout.n responses per prompt of one generation batch and score them.
+        """Generate rollout.n responses per prompt of one generation batch, or replay a dump of them (skip.rollout;
+        rollout/replayed says which), and score them.
 
         Returns the batch and the names of the reward manager's extra per-row columns.
         """
         batch, gen_batch = self._prepare_rollout(batch_dict)
-        with phase_timer(Phase.GENERATE.timer, timing):
-            output = self._generate(gen_batch, self.config.actor_rollout_ref.rollout.n)
+        n = self.config.actor_rollout_ref.rollout.n
+
+        def generate(prompts: DataProto) -> DataProto:
+            with phase_timer(Phase.GENERATE.timer, timing):
+                return self._generate(prompts, n)
+
+        if self.rollout_replay is None:
+            output = generate(gen_batch)
+        else:
+            batch, gen_batch, output, replayed = self.rollout_replay.rollouts(self.global_steps, batch, gen_batch, n,
+                                                                              generate)
+            gen_metrics["rollout/replayed"].append(float(replayed))
         return self._score_rollout(batch, gen_batch, output, gen_metrics, timing)
 
     def _launch_rollout(self, batch_dict: dict):
