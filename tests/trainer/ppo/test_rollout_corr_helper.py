@@ -1,4 +1,5 @@
-"""Rollout correction (verl/trainer/ppo/rollout_corr_helper.py): IS weights, rejection masks and mismatch metrics
+"""Rollout correction (verl/algorithms/losses/rollout_correction.py and the batch hook of
+verl/trainer/ppo/rollout_corr_helper.py): IS weights, rejection masks and mismatch metrics
 computed by hand on a 2 x 4 batch, the batch hook, and the config rules of algorithm.rollout_correction.
 
 The batch: row 0 has 3 response tokens with ratios rho = pi_old / pi_rollout = 3, 0.5, 1; row 1 has 2 with 4, 0.75.
@@ -10,6 +11,7 @@ import math
 import pytest
 import torch
 
+from verl.algorithms.losses.rollout_correction import parse_rs_criteria
 from verl.protocol import DataProto
 from verl.trainer.config import load_config
 from verl.trainer.config.algorithm import RolloutCorrectionConfig
@@ -17,7 +19,6 @@ from verl.trainer.ppo.rollout_corr_helper import (
     compute_rollout_correction_and_add_to_batch,
     compute_rollout_correction_and_rejection_mask,
     correction_enabled,
-    parse_rs_criteria,
 )
 from verl.utils.config import ConfigError
 
@@ -266,7 +267,8 @@ def test_command_line_lists_and_bounds_parse():
     ({"rollout_rs": "token_k1", "rollout_rs_threshold": 2.0, "rollout_rs_threshold_lower": 0.5},
      "rollout_rs_threshold_lower=0.5 is read only by verl 0.6's token, sequence, geometric"),
     ({"rollout_token_veto_threshold": 1.5}, "rollout_token_veto_threshold=1.5 must be null or in"),
-    ({"loss_type": "reinforce"}, "loss_type='reinforce': only ppo_clip"),
+    ({"loss_type": "reinforce"}, "loss_type=reinforce is the loss of bypass mode.*set bypass_mode=true"),
+    ({"loss_type": "a2c"}, "loss_type='a2c' must be ppo_clip .* or reinforce"),
     ({"bypass_mode": True, "rollout_rs": "geometric", "rollout_rs_threshold": 1.01},
      "bypass_mode=true makes the old log-probs the rollout's"),
 ])

@@ -6,6 +6,9 @@ their `actor_rollout_ref.actor.policy_loss.loss_mode` name.
   share;
 - verl's gspo.py, cispo.py, geo_mean.py, clip_cov.py and kl_cov.py (with covariance.py), gpg.py, sapo.py,
   dppo.py (`dppo_tv`, `dppo_kl`) and dro.py;
+- bypass_reinforce.py: verl's bypass-mode REINFORCE, selected by `algorithm.rollout_correction.loss_type=reinforce`
+  (with `bypass_mode=true`) in place of loss_mode's loss, with rollout_correction.py, the importance weights and
+  rejection of rollout correction (which the trainer also applies to a batch, verl/trainer/ppo/rollout_corr_helper.py);
 - base.py: `build_actor_objective`, what the actor's update loop calls, and the hooks switched on by actor keys.
 """
 
@@ -18,6 +21,7 @@ from verl.algorithms.losses.base import (
     register_advantage_transform,
     register_kl_loss_term,
 )
+from verl.algorithms.losses.bypass_reinforce import compute_policy_loss_bypass_reinforce
 from verl.algorithms.losses.cispo import compute_policy_loss_cispo
 from verl.algorithms.losses.clip_cov import compute_policy_loss_clip_cov
 from verl.algorithms.losses.dppo import compute_policy_loss_dppo_kl, compute_policy_loss_dppo_tv
@@ -36,6 +40,7 @@ __all__ = [
     "compute_policy_loss_aepo",
     "compute_policy_loss_archer",
     "compute_policy_loss_aspo",
+    "compute_policy_loss_bypass_reinforce",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
     "compute_policy_loss_dppo_kl",

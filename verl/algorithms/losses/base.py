@@ -9,7 +9,9 @@
 Three things plug in, each by name:
 
 - the policy loss, by `actor.policy_loss.loss_mode` (`register_policy_loss` in registry.py); a loss that reads the
-  token entropy says so with `needs_entropy = True` on the function;
+  token entropy says so with `needs_entropy = True` on the function; in bypass mode with
+  `algorithm.rollout_correction.loss_type=reinforce`, bypass_reinforce.py's loss instead, its settings in the batch's
+  meta_info (`build_actor_objective(actor_cfg, data.meta_info)`);
 - advantage transforms, each switched on by a boolean actor key (AEPO's entropy-aware advantage by
   `enable_entropy_balanced_advantage`): `@register_advantage_transform(flag)` on a builder
   `actor_cfg -> fn(advantages, entropy, mask) -> advantages`;
@@ -24,12 +26,13 @@ over detached, `(batch, response_len)`, or None when nothing needs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from verl.algorithms.losses.bypass_reinforce import BYPASS_REINFORCE, bypass_reinforce_loss
 from verl.algorithms.primitives import ACTOR, actor_option, agg_loss, policy_loss_option
 from verl.algorithms.registry import get_policy_loss_fn
 from verl.utils.config import default_of
@@ -114,9 +117,15 @@ class ActorObjective:
         return loss, {**metrics, "actor/kl_coef": self.kl_coef}
 
 
-def build_actor_objective(config: Any) -> ActorObjective:
-    """The objective described by the actor config `actor_rollout_ref.actor` (a missing key takes its YAML default)."""
-    loss_fn = get_policy_loss_fn(policy_loss_option(config, "loss_mode"))
+def build_actor_objective(config: Any, meta_info: Mapping[str, Any] | None = None) -> ActorObjective:
+    """The objective described by the actor config `actor_rollout_ref.actor` (a missing key takes its YAML default)
+    and the update batch's `meta_info`: where the trainer put bypass-mode REINFORCE's settings there
+    (`algorithm.rollout_correction.loss_type=reinforce`), that loss replaces loss_mode's (bypass_reinforce.py)."""
+    bypass_settings = (meta_info or {}).get(BYPASS_REINFORCE)
+    if bypass_settings is not None:
+        loss_fn = bypass_reinforce_loss(config, bypass_settings)
+    else:
+        loss_fn = get_policy_loss_fn(policy_loss_option(config, "loss_mode"))
     transforms = [build for flag, build in ADVANTAGE_TRANSFORMS.items() if actor_option(config, flag)]
     kl_terms = {flag: build for flag, build in KL_LOSS_TERMS.items()
                 if actor_option(config, "use_kl_loss") and actor_option(config, flag)}

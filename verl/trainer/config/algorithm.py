@@ -11,6 +11,7 @@ from verl.utils.typed_config import Section, check_with, config_section
 
 ALGORITHM = "algorithm"
 BYPASS_MODES = ("auto", True, False, "true", "false")
+LOSS_TYPES = ("ppo_clip", "reinforce")
 FILTER_MODES = ("default", "ema_std")
 
 
@@ -30,7 +31,8 @@ class KLControlConfig(Section):
 @config_section(f"{ALGORITHM}.rollout_correction")
 class RolloutCorrectionConfig(Section):
     """Where the old log-probs come from, and the importance weights and rejection of tokens whose rollout
-    log-probs differ from the actor's (formulas and rules: verl/trainer/ppo/rollout_corr_helper.py)."""
+    log-probs differ from the actor's (formulas and rules: verl/algorithms/losses/rollout_correction.py; in bypass
+    mode with loss_type=reinforce, inside that loss: verl/algorithms/losses/bypass_reinforce.py)."""
 
     bypass_mode: Any  # auto | true | false
     rollout_is: str | None  # null | token | sequence
@@ -40,28 +42,34 @@ class RolloutCorrectionConfig(Section):
     rollout_rs_threshold: Any  # one per criterion or one for all: a number or "lower_upper"
     rollout_rs_threshold_lower: float | None  # verl 0.6's lower ratio bound
     rollout_token_veto_threshold: float | None  # verl 0.6's per-token veto
-    loss_type: str  # ppo_clip
+    loss_type: str  # ppo_clip | reinforce (bypass mode only)
 
     def check(self, problems: list[str]) -> None:
-        from verl.trainer.ppo import rollout_corr_helper as corr
+        from verl.algorithms.losses.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_criteria
+        from verl.trainer.ppo.rollout_corr_helper import correction_enabled
 
         p = self.__config_prefix__
         need(self.bypass_mode in BYPASS_MODES, f"{p}.bypass_mode={self.bypass_mode!r} must be auto, true or false",
              problems)
-        need(self.rollout_is in (None, *corr.IS_LEVELS), f"{p}.rollout_is={self.rollout_is!r} must be null, token "
+        need(self.rollout_is in (None, *IS_LEVELS), f"{p}.rollout_is={self.rollout_is!r} must be null, token "
              "or sequence", problems)
-        check_with(corr.parse_is_threshold, self.rollout_is_threshold, problems=problems)
-        check_with(corr.parse_rs_criteria, self.rollout_rs, self.rollout_rs_threshold,
+        check_with(parse_is_threshold, self.rollout_is_threshold, problems=problems)
+        check_with(parse_rs_criteria, self.rollout_rs, self.rollout_rs_threshold,
                    self.rollout_rs_threshold_lower, problems=problems)
         veto = self.rollout_token_veto_threshold
         need(veto is None or 0 < veto < 1, f"{p}.rollout_token_veto_threshold={veto} must be null or in (0, 1) "
              "(a ratio pi_old / pi_rollout below which a token rejects its sequence)", problems)
-        need(self.loss_type == "ppo_clip", f"{p}.loss_type={self.loss_type!r}: only ppo_clip is available (the "
-             "actor's policy loss); verl's reinforce bypass loss is not", problems)
-        if self.bypass_mode in (True, "true"):
-            need(not corr.correction_enabled(self), f"{p}.bypass_mode=true makes the old log-probs the rollout's, so "
+        bypass = self.bypass_mode in (True, "true")
+        need(self.loss_type in LOSS_TYPES, f"{p}.loss_type={self.loss_type!r} must be ppo_clip (the actor's policy "
+             "loss) or reinforce (bypass mode's importance-weighted policy gradient)", problems)
+        if self.loss_type == "reinforce":
+            need(bypass, f"{p}.loss_type=reinforce is the loss of bypass mode, which takes the old log-probs from the "
+                 f"rollout, but bypass_mode={self.bypass_mode}; set bypass_mode=true or loss_type=ppo_clip", problems)
+        elif bypass:
+            need(not correction_enabled(self), f"{p}.bypass_mode=true makes the old log-probs the rollout's, so "
                  "rollout_is / rollout_rs / rollout_token_veto_threshold would compare them with themselves (every "
-                 f"weight 1, nothing rejected); set {p}.bypass_mode=false or auto", problems)
+                 f"weight 1, nothing rejected); set {p}.bypass_mode=false or auto, or loss_type=reinforce (its "
+                 "loss compares the current policy with the rollout)", problems)
 
 
 @config_section(f"{ALGORITHM}.filter_groups")

@@ -391,7 +391,7 @@ class DataParallelPPOActor:
         cfg = self.config
         self.actor_module.train()
         temperature = data.meta_info["temperature"]
-        objective = build_actor_objective(cfg)
+        objective = build_actor_objective(cfg, data.meta_info)  # meta_info: bypass-mode REINFORCE's settings
         keys = FORWARD_KEYS + ["response_mask", "advantages"]
         if cfg.use_kl_loss:
             keys.append("ref_log_prob")
