@@ -38,6 +38,23 @@ class CustomClsConfig(Section):
     name: str | None
 
 
+@config_section("data.sampler")
+class SamplerConfig(Section):
+    """A user's training sampler (verl/utils/dataset/rl_dataset.py `load_user_sampler` builds it)."""
+
+    class_path: str | None  # a .py file, a module name, or verl's pkg://module.name
+    class_name: str | None
+
+    def check(self, problems: list[str]) -> None:
+        p = self.__config_prefix__
+        need((self.class_path is None) == (self.class_name is None), f"{p}.class_path={self.class_path!r} and "
+             f"{p}.class_name={self.class_name!r}: set both (the file or module, and the sampler class in it) or "
+             "neither", problems)
+        path = self.class_path or ""
+        if path.endswith(".py") and not path.startswith("pkg://"):
+            need(os.path.isfile(os.path.expanduser(path)), f"{p}.class_path={path!r}: no such file", problems)
+
+
 @config_section("data")
 class DataConfig(Section):
     train_files: Any  # a path or a list of paths; null: the synthetic arithmetic task
@@ -60,6 +77,7 @@ class DataConfig(Section):
     dataloader_num_workers: int
     apply_chat_template_kwargs: dict[str, Any]
     custom_cls: CustomClsConfig
+    sampler: SamplerConfig
 
     def check(self, problems: list[str]) -> None:
         p = self.__config_prefix__

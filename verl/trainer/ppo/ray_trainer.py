@@ -43,7 +43,7 @@ from verl.utils.checkpoint.checkpoint_manager import (
 )
 from verl.utils.config import ConfigError
 from verl.utils.dataset.rl_dataset import collate_fn as default_collate_fn
-from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler
+from verl.utils.dataset.rl_dataset import create_dataloader, create_rl_sampler, curriculum_update
 from verl.utils.phases import Phase
 from verl.utils.rollout_gap import gap_metrics, pop_worker_sums
 from verl.utils.run_plan import RunPlan
@@ -138,6 +138,8 @@ class RayPPOTrainer(RolloutPhase):
         cfg = self.config
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         sampler = create_rl_sampler(cfg.data, train_dataset)
+        # data.sampler's update(batch) (a curriculum sampler), called with each step's batch; None for other samplers.
+        self.curriculum_update = curriculum_update(sampler)
         # One dataloader batch is one generation batch; DAPO's group filter may use several per step.
         gen_key = "data.gen_batch_size" if cfg.data.get("gen_batch_size") else "data.train_batch_size"
         gen_batch_size = OmegaConf.select(cfg, gen_key)
@@ -506,6 +508,8 @@ class RayPPOTrainer(RolloutPhase):
                 metrics.update(compute_timing_metrics(timing, batch, self.n_ranks))
             else:
                 print(f"[trainer] step {self.global_steps}: every group was filtered out; no update")
+            if self.curriculum_update is not None and len(batch):  # before a checkpoint saves the sampler's state
+                self.curriculum_update(batch)
             logger.log(metrics, step=self.global_steps)
             history.append(metrics)
             self.skipped_step_guard.check(metrics, self.global_steps)

@@ -21,7 +21,8 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from abc import abstractmethod
+from collections.abc import Sequence, Sized
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -314,16 +315,137 @@ def collate_fn(features: list[dict]) -> dict:
     return batch
 
 
+class AbstractSampler(Sampler[int]):
+    """verl's base of a user's training sampler (`data.sampler`): built as `cls(data_source=dataset,
+    data_config=data_config)`; it yields row indices of the data set and has a `__len__`."""
+
+    @abstractmethod
+    def __init__(self, data_source: Sized, data_config):
+        ...
+
+
+class AbstractCurriculumSampler(AbstractSampler):
+    """verl's curriculum sampler: `update(batch)` is called on the driver with the batch each training step trained on
+    (a DataProto with its rewards and advantages), after the step, before the next step draws its prompts."""
+
+    @abstractmethod
+    def update(self, batch) -> None:
+        ...
+
+
+SAMPLER_PATH, SAMPLER_NAME = "data.sampler.class_path", "data.sampler.class_name"
+PKG_PREFIX = "pkg://"  # verl's spelling of a module name in class_path
+
+
 def create_rl_sampler(data_config, dataset) -> Sampler:
-    """Shuffled (seeded by `data.seed`, default 1) when `data.shuffle` (default true), else in order.
+    """The training sampler: `data.sampler`'s class when `data.sampler.class_path` is set (`load_user_sampler`), else
+    shuffled (seeded by `data.seed`, default 1) when `data.shuffle` (default true), else in order.
 
     The shuffling sampler is torchdata's stateful one, so a resumed dataloader replays the same permutation.
     """
+    if (option(data_config, "sampler", DATA) or {}).get("class_path"):
+        return load_user_sampler(data_config, dataset)
     if option(data_config, "shuffle", DATA):
         generator = torch.Generator()
         generator.manual_seed(int(option(data_config, "seed", DATA)))
         return RandomSampler(dataset, generator=generator)
     return SequentialSampler(dataset)
+
+
+def load_user_sampler(data_config, dataset) -> Sampler:
+    """`data.sampler.class_name` from `data.sampler.class_path` (a `.py` file, a module importable from the launch
+    directory or PYTHONPATH, or verl's `pkg://module.name`), built as verl builds it: `cls(data_source=dataset,
+    data_config=data_config)`. It must be a `torch.utils.data.Sampler` with a `__len__` (the run's length is planned
+    from it). One with an `update(batch)` method is a curriculum sampler (`curriculum_update`); it needs
+    `data.dataloader_num_workers=0`, since worker processes draw the indices of batches ahead, before the updates
+    that should decide them. It is returned inside a `ResumableSampler`, which a checkpoint's dataloader state
+    restores."""
+    from verl.utils.import_utils import ExternalLibError, import_external_libs
+
+    section = option(data_config, "sampler", DATA)
+    path, name = section.get("class_path"), section.get("class_name")
+    entry = path[len(PKG_PREFIX):] if path.startswith(PKG_PREFIX) else path
+    try:
+        (module,) = import_external_libs(entry, key=SAMPLER_PATH)
+    except ExternalLibError as err:
+        raise ConfigError(str(err)) from err
+    where = f"{SAMPLER_PATH}={path!r}"
+    if not name:
+        raise ConfigError(f"{where} needs {SAMPLER_NAME}: the name of the sampler class defined there")
+    cls = getattr(module, name, None)
+    if cls is None:
+        found = sorted(key for key, value in vars(module).items()
+                       if isinstance(value, type) and issubclass(value, Sampler) and value.__module__ == module.__name__)
+        raise ConfigError(f"{SAMPLER_NAME}={name!r}: {where} defines no such name (its samplers: "
+                          f"{', '.join(found) or 'none'})")
+    if not (isinstance(cls, type) and issubclass(cls, Sampler)):
+        raise ConfigError(f"{SAMPLER_NAME}={name!r} in {where} is not a torch.utils.data.Sampler subclass (verl's "
+                          "AbstractSampler, verl.experimental.dataset.sampler, is one)")
+    try:
+        sampler = cls(data_source=dataset, data_config=data_config)
+    except TypeError as err:  # most often a constructor of another signature than verl's
+        raise ConfigError(f"{SAMPLER_NAME}={name!r}: {name}(data_source=dataset, data_config=data) failed: {err} "
+                          "(verl builds its sampler with these two keyword arguments)") from err
+    if not hasattr(sampler, "__len__"):
+        raise ConfigError(f"{SAMPLER_NAME}={name!r} has no __len__: the run's steps per epoch are planned from "
+                          "len(sampler) // data.train_batch_size")
+    workers = option(data_config, "dataloader_num_workers", DATA)
+    if curriculum_update(sampler) is not None and workers != 0:
+        raise ConfigError(f"data.dataloader_num_workers={workers} must be 0 with the curriculum sampler "
+                          f"{SAMPLER_NAME}={name!r} (it has update(batch)): worker processes would draw the indices "
+                          "of batches ahead, before the updates that decide them")
+    return ResumableSampler(sampler)
+
+
+class ResumableSampler(Sampler[int]):
+    """A user's sampler as the dataloader holds it; its other attributes (`update`, ...) are the user sampler's.
+
+    torchdata saves this object's `state_dict()` with the dataloader's state (so in the trainer's checkpoints): the
+    rows yielded so far in the epoch, and the user sampler's own `state_dict()` where it has one (`load_state_dict`
+    too). A resumed dataloader restores the latter, then skips as many rows of what the restored sampler yields: the
+    run goes on where it stopped, in the order the sampler's restored state gives (its own state_dict need not, and
+    should not, hold a position; without one, the order is a new sampler's)."""
+
+    def __init__(self, sampler: Sampler):
+        self.sampler = sampler
+        self.position = 0  # rows yielded in the epoch under way
+        self._resume_at = 0
+
+    def __iter__(self):
+        rows = iter(self.sampler)
+        self.position, self._resume_at = self._resume_at, 0
+        for _ in range(self.position):
+            next(rows, None)
+        for row in rows:
+            self.position += 1
+            yield row
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __getattr__(self, name: str):
+        if name == "sampler":  # not set yet (a copy being built)
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
+    def state_dict(self) -> dict:
+        own = self.sampler.state_dict() if _has_state(self.sampler) else None
+        return {"position": self.position, "sampler": own}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("sampler") is not None and _has_state(self.sampler):
+            self.sampler.load_state_dict(state["sampler"])
+        self._resume_at = state["position"]
+
+
+def _has_state(sampler) -> bool:
+    return callable(getattr(sampler, "state_dict", None)) and callable(getattr(sampler, "load_state_dict", None))
+
+
+def curriculum_update(sampler: Sampler | None):
+    """The sampler's `update(batch)` when it has one (verl's AbstractCurriculumSampler), else None."""
+    update = getattr(sampler, "update", None)
+    return update if callable(update) else None
 
 
 def create_dataloader(
