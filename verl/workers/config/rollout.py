@@ -104,7 +104,7 @@ class ToolsConfig(Section):
 @config_section(f"{ROLLOUT}.multi_turn")
 class MultiTurnConfig(Section):
     enable: bool  # true = mode sync_with_tool
-    format: str | None  # null = the seeds' tags, or hermes (verl/workers/rollout/tool_formats.py)
+    format: str | None  # null = the seeds' tags, or hermes / qwen (verl/workers/rollout/tool_formats.py)
     max_assistant_turns: int | None
     max_tool_response_length: int | None
     tool_response_truncate_side: str
@@ -114,12 +114,12 @@ class MultiTurnConfig(Section):
     function_tool_path: str | None  # mode=async: a Python file of @function_tool functions
 
     def check(self, problems: list[str]) -> None:
-        from verl.workers.rollout.tool_formats import FORMATS, TRUNCATE_SIDES
+        from verl.workers.rollout.tool_formats import TRUNCATE_SIDES, format_problem
 
         super().check(problems)
         p = self.__config_prefix__
-        need(self.format in (None, *FORMATS), f"{p}.format={self.format!r} must be one of {', '.join(FORMATS)} "
-             "(null = tags, or hermes for mode=async with verl-style tools)", problems)
+        problem = format_problem(self.format)
+        need(problem is None, problem, problems)
         for key in ("max_assistant_turns", "max_tool_response_length", "max_user_turns"):
             value = getattr(self, key)
             need(value is None or value >= 1, f"{p}.{key}={value} must be >= 1 (or null: no limit)", problems)

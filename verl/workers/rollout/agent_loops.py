@@ -93,11 +93,13 @@ def load_agent_tools(rollout: Any) -> dict[str, Any]:
 
 
 def call_format_name(rollout: Any) -> str:
-    """`multi_turn.format` of mode=async: as set, else hermes where verl-style tools are configured (verl's default)
-    and the seeds' tags where only `rollout.tools` tools are."""
+    """The call format of mode=async: `multi_turn.format`'s (qwen: hermes), else hermes where verl-style tools are
+    configured (verl's default) and the seeds' tags where only `rollout.tools` tools are."""
+    from verl.workers.rollout.tool_formats import wire_format
+
     multi_turn = rollout.get("multi_turn") or {}
     if multi_turn.get("format"):
-        return multi_turn.format
+        return wire_format(multi_turn.get("format"))
     return "hermes" if multi_turn.get("tool_config_path") or multi_turn.get("function_tool_path") else "tags"
 
 

@@ -15,6 +15,11 @@ r"""How a model writes a tool call in the agent loop, and how the result is writ
   turn, a new assistant turn opened), or, for a tokenizer without a template that takes tool messages, as
   `\n<tool_response>\n{text}\n</tool_response>\n`. A call that is not valid JSON, names no tool or an unknown one,
   or has no usable input gets an error text naming the fault and the tools there are; the loop never stops on it.
+- **qwen**, **qwen25** (SGLang's parser names for Qwen2.5 and Qwen3, which verl's SGLang rollout took as
+  `multi_turn.format`): hermes, the same `<tool_call>` JSON.
+
+verl 0.9.1's other tool parsers (gpt-oss, qwen3_coder, glm, seed, minimax, kimi, deepseek_v4, gemma4) read calls in
+other wire syntaxes, which are not parsed here: naming one is a config error that says which syntax is missing.
 """
 
 from __future__ import annotations
@@ -22,7 +27,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-FORMATS = ("tags", "hermes")
+# Other names of a format parsed here -> that format.
+FORMAT_ALIASES = {"qwen": "hermes", "qwen25": "hermes"}
+FORMATS = ("tags", "hermes", *FORMAT_ALIASES)
+# verl 0.9.1's tool parsers whose wire syntax is not parsed here -> that syntax.
+UNPARSED_FORMATS = {
+    "gpt-oss": "harmony messages on the commentary channel addressed to=functions.NAME, ended by <|call|>",
+    "qwen3_coder": "XML calls <tool_call><function=NAME><parameter=KEY>...</parameter></function></tool_call>",
+    "glm": "GLM's <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value></tool_call>",
+    "seed": "Seed's <seed:tool_call><function=NAME><parameter=KEY>...</parameter></function></seed:tool_call>",
+    "minimax": 'MiniMax\'s <minimax:tool_call><invoke name="NAME"><parameter name="KEY">...</minimax:tool_call>',
+    "kimi": "Kimi K2's special tokens <|tool_calls_section_begin|><|tool_call_begin|>...",
+    "deepseek_v4": "DeepSeek-V4's DSML markup (tool_calls, invoke name=NAME and parameter tags in DSML brackets)",
+    "gemma4": "Gemma 4's <|tool_call>call:NAME{KEY:VALUE}<tool_call|>",
+}
 TAG_RESULT = " <result>\n{}\n</result>"
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 HERMES_PLAIN_RESULT = "\n<tool_response>\n{}\n</tool_response>\n"
@@ -212,11 +230,28 @@ def truncate_result(text: str, max_chars: int | None, side: str = "middle") -> s
     return text[:head] + TRUNCATED + text[len(text) - (max_chars - head):]
 
 
+def format_problem(name: str | None) -> str | None:
+    """Why `rollout.multi_turn.format=name` cannot run here (one line naming the key), or None when it can."""
+    key = f"actor_rollout_ref.rollout.multi_turn.format={name!r}"
+    if name is None or name in FORMATS:
+        return None
+    if name in UNPARSED_FORMATS:
+        return (f"{key}: verl's {name} tool parser reads {UNPARSED_FORMATS[name]}; that syntax is not parsed here "
+                f"(the formats parsed: {', '.join(FORMATS)})")
+    return (f"{key} must be one of {', '.join(FORMATS)} (null = tags, or hermes for mode=async with verl-style "
+            "tools)")
+
+
+def wire_format(name: str | None) -> str | None:
+    """The format parsed for the name `name` (an alias gives its format); other names as they are."""
+    return FORMAT_ALIASES.get(name, name)
+
+
 def build_call_format(name: str | None, tool_names: list[str], tokenizer=None) -> TagFormat | HermesFormat:
     """The format `rollout.multi_turn.format` names (null = tags)."""
-    if name in (None, "tags"):
-        return TagFormat(tool_names)
-    if name == "hermes":
+    problem = format_problem(name)
+    if problem is not None:
+        raise ValueError(problem)
+    if wire_format(name) == "hermes":
         return HermesFormat(tool_names, tokenizer)
-    raise ValueError(f"actor_rollout_ref.rollout.multi_turn.format={name!r} must be one of {', '.join(FORMATS)} "
-                     "(null = tags)")
+    return TagFormat(tool_names)
