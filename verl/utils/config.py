@@ -352,6 +352,9 @@ RENAMED_KEYS = {
     "reward.sandbox_fusion.max_concurrent": "reward_model.sandbox_fusion.max_concurrent",
     "actor_rollout_ref.actor.tau_pos": "actor_rollout_ref.actor.policy_loss.tau_pos",  # SAPO's temperatures
     "actor_rollout_ref.actor.tau_neg": "actor_rollout_ref.actor.policy_loss.tau_neg",
+    # Router replay's older spelling on the actor -> verl 0.9.1's, on the actor's engine section.
+    **{f"actor_rollout_ref.actor.router_replay.{key}": f"actor_rollout_ref.actor.fsdp_config.router_replay.{key}"
+       for key in ("mode", "record_file", "replay_file")},
     **{f"reward.reward_model.rollout.{key}": f"reward_model.rollout.{key}"
        for key in ("name", "gpu_memory_utilization", "tensor_model_parallel_size", "dtype", "max_model_len",
                    "prompt_length", "response_length", "enforce_eager")},
@@ -369,8 +372,8 @@ def apply_renamed_keys(cfg: DictConfig) -> None:
             continue
         current = OmegaConf.select(cfg, ours)
         if value is not None and current != value and current != OmegaConf.select(shipped, ours):
-            problems.append(f"{new}={value!r} and {ours}={current!r} set the same thing (verl 0.9's spelling and "
-                            "the older one) to different values; keep one")
+            problems.append(f"{new}={value!r} and {ours}={current!r} set the same thing (two spellings of one "
+                            "setting) to different values; keep one")
             continue
         parent, _, leaf = new.rpartition(".")
         with open_dict(cfg):
