@@ -25,6 +25,8 @@ M = "actor_rollout_ref.model"
     ("skip.async_rollout.enable=true", "synchronous trainer only"),
     (f"{M}.lora.type=dora", "no DoRA"),
     (f"{M}.lora.dropout=0.05", "without adapter dropout"),
+    ("actor_rollout_ref.actor.fsdp_config.router_replay.mode=R2", "MoE routing replay"),
+    ("actor_rollout_ref.rollout.enable_rollout_routing_replay=true", "MoE routing replay"),
 ])
 def test_a_value_asking_for_what_quiver_lacks_is_refused_naming_key_and_capability(override, capability):
     key = override.split("=", 1)[0]

@@ -72,6 +72,11 @@ REFUSED_VALUES: dict[str, tuple[tuple, str]] = {
     "reward_model.reward_loop_source": (("register",), _REWARD_CLASS),
     "reward_model.reward_loop_module_path": ((), _REWARD_CLASS),
     "reward_model.reward_loop_class_name": ((), _REWARD_CLASS),
+    "actor_rollout_ref.actor.fsdp_config.router_replay.mode": (
+        ("disabled",), "MoE routing replay (the rollout's expert choices replayed in the actor's forward, R2/R3) is "
+                       "not built: the actor's router picks its own experts"),
+    "actor_rollout_ref.rollout.enable_rollout_routing_replay": (
+        (False,), "MoE routing replay (the rollout's expert choices replayed in the actor's forward) is not built"),
     "skip.async_rollout.enable": ((False,), _SKIP),
     "skip.rollout_tq.enable": ((False,), _SKIP),
     # verl 0.9's newer LoRA section: what Quiver's LoRA does not do (the rest maps, see apply_verl_lora_section).
