@@ -37,8 +37,6 @@ def test_rejection_composes_with_bypass_reinforce():
     ([f"{KEY}.loss_type=a2c"], f"{KEY}.loss_type='a2c' must be ppo_clip"),
     ([f"{KEY}.loss_type=reinforce"], f"{KEY}.loss_type=reinforce is the loss of bypass mode.*bypass_mode=auto"),
     ([f"{KEY}.loss_type=reinforce", f"{KEY}.bypass_mode=false"], "but bypass_mode=False; set bypass_mode=true"),
-    ([f"{KEY}.bypass_mode=true", f"{KEY}.rollout_is=token"], r"bypass_mode=true makes the old log-probs the "
-     r"rollout's.*or loss_type=reinforce"),
 ])
 def test_bad_values_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -217,7 +217,13 @@ def test_the_hook_skips_old_log_probs_that_are_not_recomputed(source):
     if source == "actor":
         batch.batch.pop("old_log_probs")
     assert compute_rollout_correction_and_add_to_batch(batch, {})[1] == {}
-    with pytest.raises(ValueError, match=f"old log-probs from '{source}'.*{KEY}.bypass_mode=false"):
+    assert not {"bypass_ppo_clip", "bypass_reinforce"} & set(batch.meta_info)
+
+
+def test_the_hook_refuses_a_correction_on_the_actors_own_log_probs():
+    batch = _batch("actor")
+    batch.batch.pop("old_log_probs")
+    with pytest.raises(ValueError, match=f"old log-probs from 'actor'.*{KEY}.bypass_mode=false"):
         compute_rollout_correction_and_add_to_batch(batch, {"rollout_is": "token"})
 
 
@@ -269,8 +275,6 @@ def test_command_line_lists_and_bounds_parse():
     ({"rollout_token_veto_threshold": 1.5}, "rollout_token_veto_threshold=1.5 must be null or in"),
     ({"loss_type": "reinforce"}, "loss_type=reinforce is the loss of bypass mode.*set bypass_mode=true"),
     ({"loss_type": "a2c"}, "loss_type='a2c' must be ppo_clip .* or reinforce"),
-    ({"bypass_mode": True, "rollout_rs": "geometric", "rollout_rs_threshold": 1.01},
-     "bypass_mode=true makes the old log-probs the rollout's"),
 ])
 def test_config_errors_name_the_key(keys, message):
     with pytest.raises(ConfigError, match=message):
@@ -290,6 +294,7 @@ def test_config_reports_every_problem_at_once():
     {"rollout_rs": "geometric", "rollout_rs_threshold": 1.001, "rollout_rs_threshold_lower": 0.999},
     {"bypass_mode": False, "rollout_is": "token", "rollout_token_veto_threshold": 1e-4},
     {"bypass_mode": "auto", "rollout_is": "token"},
+    {"bypass_mode": True, "rollout_rs": "geometric", "rollout_rs_threshold": 1.01},  # in bypass PPO-clip's loss
 ])
 def test_valid_configs_pass(keys):
     _section(**keys)

@@ -7,8 +7,10 @@ their `actor_rollout_ref.actor.policy_loss.loss_mode` name.
 - verl's gspo.py, cispo.py, geo_mean.py, clip_cov.py and kl_cov.py (with covariance.py), gpg.py, sapo.py,
   dppo.py (`dppo_tv`, `dppo_kl`) and dro.py;
 - bypass_reinforce.py: verl's bypass-mode REINFORCE, selected by `algorithm.rollout_correction.loss_type=reinforce`
-  (with `bypass_mode=true`) in place of loss_mode's loss, with rollout_correction.py, the importance weights and
-  rejection of rollout correction (which the trainer also applies to a batch, verl/trainer/ppo/rollout_corr_helper.py);
+  (with `bypass_mode=true`) in place of loss_mode's loss, and bypass_ppo_clip.py, verl's bypass-mode PPO-clip with
+  the rejection made in the loss (loss_type=ppo_clip with a correction set), with rollout_correction.py, the
+  importance weights and rejection of rollout correction (which the trainer also applies to a batch,
+  verl/trainer/ppo/rollout_corr_helper.py);
 - base.py: `build_actor_objective`, what the actor's update loop calls, and the hooks switched on by actor keys.
 """
 
@@ -21,6 +23,7 @@ from verl.algorithms.losses.base import (
     register_advantage_transform,
     register_kl_loss_term,
 )
+from verl.algorithms.losses.bypass_ppo_clip import compute_policy_loss_bypass_ppo_clip
 from verl.algorithms.losses.bypass_reinforce import compute_policy_loss_bypass_reinforce
 from verl.algorithms.losses.cispo import compute_policy_loss_cispo
 from verl.algorithms.losses.clip_cov import compute_policy_loss_clip_cov
@@ -40,6 +43,7 @@ __all__ = [
     "compute_policy_loss_aepo",
     "compute_policy_loss_archer",
     "compute_policy_loss_aspo",
+    "compute_policy_loss_bypass_ppo_clip",
     "compute_policy_loss_bypass_reinforce",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",

@@ -9,9 +9,9 @@
 Three things plug in, each by name:
 
 - the policy loss, by `actor.policy_loss.loss_mode` (`register_policy_loss` in registry.py); a loss that reads the
-  token entropy says so with `needs_entropy = True` on the function; in bypass mode with
-  `algorithm.rollout_correction.loss_type=reinforce`, bypass_reinforce.py's loss instead, its settings in the batch's
-  meta_info (`build_actor_objective(actor_cfg, data.meta_info)`);
+  token entropy says so with `needs_entropy = True` on the function; in bypass mode, a loss of
+  `algorithm.rollout_correction.loss_type` that makes the rollout correction itself instead (BYPASS_LOSSES), its
+  settings in the batch's meta_info (`build_actor_objective(actor_cfg, data.meta_info)`);
 - advantage transforms, each switched on by a boolean actor key (AEPO's entropy-aware advantage by
   `enable_entropy_balanced_advantage`): `@register_advantage_transform(flag)` on a builder
   `actor_cfg -> fn(advantages, entropy, mask) -> advantages`;
@@ -26,13 +26,16 @@ over detached, `(batch, response_len)`, or None when nothing needs it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from verl.algorithms.losses.bypass_reinforce import BYPASS_REINFORCE, bypass_reinforce_loss
+from verl.algorithms.losses.bypass_ppo_clip import BYPASS_PPO_CLIP, compute_policy_loss_bypass_ppo_clip
+from verl.algorithms.losses.bypass_reinforce import BYPASS_REINFORCE, compute_policy_loss_bypass_reinforce
+from verl.algorithms.losses.rollout_correction import SECTION
 from verl.algorithms.primitives import ACTOR, actor_option, agg_loss, policy_loss_option
 from verl.algorithms.registry import get_policy_loss_fn
 from verl.utils.config import default_of
@@ -40,6 +43,13 @@ from verl.utils.registry import register_in
 
 ADVANTAGE_TRANSFORMS: dict[str, Callable] = {}
 KL_LOSS_TERMS: dict[str, Callable] = {}
+# algorithm.rollout_correction.loss_type -> (the batch's meta_info key carrying its settings, its bypass-mode loss).
+# The trainer's batch hook (verl/trainer/ppo/rollout_corr_helper.py) sets the key where the loss must compare the
+# current policy with the rollout itself; that loss then replaces policy_loss.loss_mode's.
+BYPASS_LOSSES: dict[str, tuple[str, Callable]] = {
+    "reinforce": (BYPASS_REINFORCE, compute_policy_loss_bypass_reinforce),
+    "ppo_clip": (BYPASS_PPO_CLIP, compute_policy_loss_bypass_ppo_clip),
+}
 
 
 def _register_hook(registry: dict[str, Callable], kind: str, flag: str, needs_entropy: bool):
@@ -70,7 +80,7 @@ class ActorObjective:
     """The per-micro-batch loss of the actor: policy loss, advantage transforms and KL term (see the module doc).
 
     Attributes:
-        loss_fn: the registered policy loss of `policy_loss.loss_mode`.
+        loss_fn: the registered policy loss of `policy_loss.loss_mode`, or a bypass-mode loss (BYPASS_LOSSES).
         config: the actor config, handed to the loss.
         loss_agg_mode: how the policy loss and the default KL term aggregate tokens.
         needs_entropy: whether the forward pass must compute the token entropy.
@@ -117,15 +127,28 @@ class ActorObjective:
         return loss, {**metrics, "actor/kl_coef": self.kl_coef}
 
 
+def bypass_loss(config: Any, meta_info: Mapping[str, Any]) -> Callable | None:
+    """The bypass-mode loss whose settings `meta_info` carries (BYPASS_LOSSES), bound to them, or None; ValueError
+    when the actor config `config` chose another policy loss than vanilla, which it would silently replace (verl's
+    bypass mode runs vanilla PPO-clip or REINFORCE whatever loss_mode says)."""
+    for loss_type, (key, loss_fn) in BYPASS_LOSSES.items():
+        if key not in meta_info:
+            continue
+        loss_mode = policy_loss_option(config, "loss_mode")
+        if loss_mode != "vanilla":
+            raise ValueError(f"{SECTION}.loss_type={loss_type} with bypass_mode=true (and its corrections) is a "
+                             f"policy loss of its own, made in place of {ACTOR}.policy_loss.loss_mode={loss_mode}; "
+                             f"keep loss_mode=vanilla, or set {SECTION}.bypass_mode=false with loss_type=ppo_clip "
+                             "(the corrections then weigh loss_mode's loss against recomputed old log-probs)")
+        return functools.partial(loss_fn, rollout_correction=dict(meta_info[key]))
+    return None
+
+
 def build_actor_objective(config: Any, meta_info: Mapping[str, Any] | None = None) -> ActorObjective:
     """The objective described by the actor config `actor_rollout_ref.actor` (a missing key takes its YAML default)
-    and the update batch's `meta_info`: where the trainer put bypass-mode REINFORCE's settings there
-    (`algorithm.rollout_correction.loss_type=reinforce`), that loss replaces loss_mode's (bypass_reinforce.py)."""
-    bypass_settings = (meta_info or {}).get(BYPASS_REINFORCE)
-    if bypass_settings is not None:
-        loss_fn = bypass_reinforce_loss(config, bypass_settings)
-    else:
-        loss_fn = get_policy_loss_fn(policy_loss_option(config, "loss_mode"))
+    and the update batch's `meta_info`: where the trainer put a bypass-mode loss's settings there
+    (`algorithm.rollout_correction.loss_type`, BYPASS_LOSSES), that loss replaces loss_mode's."""
+    loss_fn = bypass_loss(config, meta_info or {}) or get_policy_loss_fn(policy_loss_option(config, "loss_mode"))
     transforms = [build for flag, build in ADVANTAGE_TRANSFORMS.items() if actor_option(config, flag)]
     kl_terms = {flag: build for flag, build in KL_LOSS_TERMS.items()
                 if actor_option(config, "use_kl_loss") and actor_option(config, flag)}

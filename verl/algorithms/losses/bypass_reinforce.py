@@ -23,19 +23,18 @@ ratio clipping; the truncation at C bounds each token's weight.
 
 This loss replaces `actor.policy_loss.loss_mode` (which must stay vanilla). The trainer hands the settings to the
 update in the batch's `meta_info["bypass_reinforce"]` (verl/trainer/ppo/rollout_corr_helper.py), and
-`build_actor_objective` binds them here.
+`build_actor_objective` binds them here (base.py's BYPASS_LOSSES; loss_type=ppo_clip's is bypass_ppo_clip.py).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from verl.algorithms.losses.rollout_correction import SECTION, compute_rollout_correction_and_rejection_mask
-from verl.algorithms.primitives import ACTOR, actor_option, agg_loss, policy_loss_option, ppo_kl
+from verl.algorithms.losses.rollout_correction import correct_against_current_policy
+from verl.algorithms.primitives import actor_option, agg_loss, ppo_kl
 
 # The batch's meta_info key holding the settings (rollout_correction.CORRECTION_KEYS -> value).
 BYPASS_REINFORCE = "bypass_reinforce"
@@ -63,22 +62,9 @@ def compute_policy_loss_bypass_reinforce(
         (pg_loss, metrics): `actor/ppo_kl` (mean of old_log_prob - log_prob over the kept tokens) and the
         `rollout_corr/*` metrics of pi_theta against pi_rollout: the mismatch, the weights and the rejection.
     """
-    if rollout_is_weights is not None:
-        raise ValueError(f"{SECTION}.loss_type=reinforce makes its own importance weights against the current policy; "
-                         "the batch must not bring rollout_is_weights")
-    weights, mask, metrics = compute_rollout_correction_and_rejection_mask(log_prob, old_log_prob, response_mask,
-                                                                           **rollout_correction)
+    weights, mask, metrics = correct_against_current_policy(log_prob, old_log_prob, response_mask, rollout_correction,
+                                                            "reinforce", rollout_is_weights)
     pg_losses = -advantages * log_prob if weights is None else -weights * advantages * log_prob
     pg_loss = agg_loss(pg_losses, mask, loss_agg_mode, actor_option(config, "loss_scale_factor"))
     return pg_loss, {"actor/ppo_kl": ppo_kl(old_log_prob, log_prob, mask), **metrics}
 
-
-def bypass_reinforce_loss(config: Any, settings: Mapping[str, Any]) -> Callable:
-    """The loss with `settings` bound, for the actor config `config`; ValueError when the config chose another
-    policy loss, which this one would silently replace."""
-    loss_mode = policy_loss_option(config, "loss_mode")
-    if loss_mode != "vanilla":
-        raise ValueError(f"{SECTION}.loss_type=reinforce is the policy loss of bypass mode, but "
-                         f"{ACTOR}.policy_loss.loss_mode={loss_mode}; keep loss_mode=vanilla or set "
-                         f"{SECTION}.loss_type=ppo_clip")
-    return functools.partial(compute_policy_loss_bypass_reinforce, rollout_correction=dict(settings))

@@ -1,7 +1,7 @@
 """Rollout correction's tensors (verl's `algorithm.rollout_correction`): importance weights and rejection sampling for
 the gap between the rollout engine's log-probs and the trainer's. verl/trainer/ppo/rollout_corr_helper.py applies
-them to a step's batch; bypass_reinforce.py applies them inside its loss, where the current policy pi_theta (detached)
-takes pi_old's place below.
+them to a step's batch; in bypass mode, bypass_reinforce.py and bypass_ppo_clip.py apply them inside their loss, where
+the current policy pi_theta (detached) takes pi_old's place below (`correct_against_current_policy`).
 
 vLLM samples with its own kernels and precision, so the policy that generated a response, pi_rollout, is not exactly
 the policy the trainer computes on the same weights, pi_old (Liu, Li et al. 2025, "When Speed Kills Stability:
@@ -53,6 +53,7 @@ Every metric is logged as `rollout_corr/<name>`, with verl's names.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -321,3 +322,21 @@ def compute_rollout_correction_and_rejection_mask(
         weights = torch.where(keep, weights, torch.zeros_like(weights))
         metrics.update(is_metrics)
     return weights, keep.to(response_mask.dtype), {f"rollout_corr/{k}": float(v) for k, v in metrics.items()}
+
+
+def correct_against_current_policy(
+    log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    settings: Mapping[str, Any],
+    loss_type: str,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """The correction of a bypass-mode loss (`loss_type`, bypass_reinforce.py / bypass_ppo_clip.py) on one
+    micro-batch: compute_rollout_correction_and_rejection_mask with the current policy, detached, in pi_old's place,
+    `settings` its keyword arguments (CORRECTION_KEYS). Such a loss makes its own weights, so a batch that brings
+    `rollout_is_weights` is a ValueError."""
+    if rollout_is_weights is not None:
+        raise ValueError(f"{SECTION}.loss_type={loss_type} makes its own importance weights against the current "
+                         "policy; the batch must not bring rollout_is_weights")
+    return compute_rollout_correction_and_rejection_mask(log_prob, rollout_log_prob, response_mask, **settings)

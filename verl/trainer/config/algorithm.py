@@ -32,7 +32,7 @@ class KLControlConfig(Section):
 class RolloutCorrectionConfig(Section):
     """Where the old log-probs come from, and the importance weights and rejection of tokens whose rollout
     log-probs differ from the actor's (formulas and rules: verl/algorithms/losses/rollout_correction.py; in bypass
-    mode with loss_type=reinforce, inside that loss: verl/algorithms/losses/bypass_reinforce.py)."""
+    mode, inside the loss of loss_type: verl/algorithms/losses/bypass_reinforce.py, bypass_ppo_clip.py)."""
 
     bypass_mode: Any  # auto | true | false
     rollout_is: str | None  # null | token | sequence
@@ -46,7 +46,6 @@ class RolloutCorrectionConfig(Section):
 
     def check(self, problems: list[str]) -> None:
         from verl.algorithms.losses.rollout_correction import IS_LEVELS, parse_is_threshold, parse_rs_criteria
-        from verl.trainer.ppo.rollout_corr_helper import correction_enabled
 
         p = self.__config_prefix__
         need(self.bypass_mode in BYPASS_MODES, f"{p}.bypass_mode={self.bypass_mode!r} must be auto, true or false",
@@ -59,17 +58,14 @@ class RolloutCorrectionConfig(Section):
         veto = self.rollout_token_veto_threshold
         need(veto is None or 0 < veto < 1, f"{p}.rollout_token_veto_threshold={veto} must be null or in (0, 1) "
              "(a ratio pi_old / pi_rollout below which a token rejects its sequence)", problems)
-        bypass = self.bypass_mode in (True, "true")
+        # With bypass_mode=true the corrections compare the current policy with the rollout inside the loss of
+        # loss_type (bypass_ppo_clip.py, bypass_reinforce.py), so every correction composes with either loss.
         need(self.loss_type in LOSS_TYPES, f"{p}.loss_type={self.loss_type!r} must be ppo_clip (the actor's policy "
              "loss) or reinforce (bypass mode's importance-weighted policy gradient)", problems)
         if self.loss_type == "reinforce":
-            need(bypass, f"{p}.loss_type=reinforce is the loss of bypass mode, which takes the old log-probs from the "
-                 f"rollout, but bypass_mode={self.bypass_mode}; set bypass_mode=true or loss_type=ppo_clip", problems)
-        elif bypass:
-            need(not correction_enabled(self), f"{p}.bypass_mode=true makes the old log-probs the rollout's, so "
-                 "rollout_is / rollout_rs / rollout_token_veto_threshold would compare them with themselves (every "
-                 f"weight 1, nothing rejected); set {p}.bypass_mode=false or auto, or loss_type=reinforce (its "
-                 "loss compares the current policy with the rollout)", problems)
+            need(self.bypass_mode in (True, "true"), f"{p}.loss_type=reinforce is the loss of bypass mode, which takes "
+                 f"the old log-probs from the rollout, but bypass_mode={self.bypass_mode}; set bypass_mode=true or "
+                 "loss_type=ppo_clip", problems)
 
 
 @config_section(f"{ALGORITHM}.filter_groups")
