@@ -17,7 +17,6 @@ M = "actor_rollout_ref.model"
     ("actor_rollout_ref.actor.fsdp_config.qat.enable=true", "quantization-aware training"),
     (f"{M}.mtp.enable=true", "multi-token prediction"),
     (f"{M}.custom_chat_template='{{{{ messages }}}}'", "chat template given in the config is not applied"),
-    ("actor_rollout_ref.rollout.over_sample_rate=0.1", "aborting the slowest rollouts is not built"),
     ("actor_rollout_ref.rollout.logprobs_mode=raw_logprobs", "not raw ones"),
     ("actor_rollout_ref.rollout.quantization=fp8", "unquantized"),
     ("data.train_max_samples=100", "a cap on the rows read from data.train_files"),
@@ -38,7 +37,8 @@ def test_a_value_asking_for_what_quiver_lacks_is_refused_naming_key_and_capabili
 
 @pytest.mark.parametrize("override", [
     "actor_rollout_ref.actor.optim.optimizer=AdamW", "actor_rollout_ref.rollout.over_sample_rate=0",
-    "actor_rollout_ref.rollout.logprobs_mode=processed_logprobs", "data.train_max_samples=-1",
+    "actor_rollout_ref.rollout.over_sample_rate=0.1",  # verl's multi-turn scripts: every response generated whole
+    "actor_rollout_ref.rollout.logprobs_mode=processed_logprobs",
     f"{M}.mtp.enable=false", "actor_rollout_ref.rollout.quantization=null", "skip.rollout_tq.enable=false",
     "actor_rollout_ref.actor.fsdp_config.full_determinism=true",  # a kernel switch: announced, not refused
 ])
@@ -51,8 +51,8 @@ def test_the_same_computation_is_accepted(override, capsys):
 
 def test_several_refusals_are_listed_together():
     with pytest.raises(ConfigError) as err:
-        load_config(overrides=[f"{M}.mtp.enable=true", "data.val_max_samples=8"])
-    assert f"{M}.mtp.enable=True" in str(err.value) and "data.val_max_samples=8" in str(err.value)
+        load_config(overrides=[f"{M}.mtp.enable=true", "actor_rollout_ref.rollout.quantization=fp8"])
+    assert f"{M}.mtp.enable=True" in str(err.value) and "quantization='fp8'" in str(err.value)
 
 
 def test_verls_lora_section_sets_quivers_lora_keys_with_the_layers_an_fsdp_user_means(capsys):

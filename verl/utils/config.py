@@ -86,6 +86,8 @@ VERL_KEY_REASONS: tuple[tuple[str, str], ...] = (
     ("tokenization_sanity_check", "tool turns are tokenized once, as the chat template renders them"),
     ("use_inference_chat_template", "the chat template of the tokenizer renders every turn"),
     ("custom_async_server", "the agent loop's server is Quiver's batching front of the rollout engine"),
+    ("over_sample_rate", "every response is generated to its end: verl's SGLang rollout cancels the slowest "
+                         "share to save time and trains on their empty, padded responses; Quiver trains on all"),
     ("interaction", "multi-turn interactions (a simulated user turn) are not built"),
     ("rollout.trace.", "rollout tracing (weave, mlflow) is not built in Quiver; @rollout_trace_op calls run untraced"),
 )

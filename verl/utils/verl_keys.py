@@ -54,9 +54,6 @@ REFUSED_VALUES: dict[str, tuple[tuple, str]] = {
     "critic.model.hf_config_path": ((), _HF_CONFIG),
     "critic.model.lora.rank": ((0,), "the critic is always a full FSDP2 model (no LoRA critic)"),
     "critic.loss_scale_factor": ((), "the critic's value loss is not rescaled by a loss_scale_factor"),
-    "actor_rollout_ref.rollout.over_sample_rate": (
-        (0, 0.0), "over-sampling prompts and aborting the slowest rollouts is not built: every response is "
-                  "generated to its end"),
     "actor_rollout_ref.rollout.logprobs_mode": (
         ("processed_logprobs",), "the engines return processed log-probs (of the sampling distribution after "
                                  "temperature, top-k and top-p), not raw ones"),

@@ -7,6 +7,8 @@ verl's curriculum example scripts name `pkg://tests.utils.dataset.test_create_rl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -124,8 +126,10 @@ def test_a_user_sampler_from_a_file_picks_the_rows(samplers_file):
     assert curriculum_update(create_rl_sampler(data_config(samplers_file, "Curriculum"), list(range(10)))) is not None
 
 
-def test_verls_example_class_path_builds_its_curriculum_sampler():
-    """The class path and name verl's examples/sglang_multiturn curriculum scripts pass."""
+def test_verls_example_class_path_builds_its_curriculum_sampler(monkeypatch):
+    """The class path and name verl's examples/sglang_multiturn curriculum scripts pass. Their users launch
+    `python3 -m verl.trainer.main_ppo` from the repository root, which puts it on sys.path (pytest need not)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
     config = data_config("pkg://tests.utils.dataset.test_create_rl_sampler_on_cpu", "RandomCurriculumSampler")
     sampler = create_rl_sampler(config, list(range(8)))
     assert type(sampler.sampler).__name__ == "RandomCurriculumSampler" and sorted(sampler) == list(range(8))
