@@ -19,7 +19,6 @@ M = "actor_rollout_ref.model"
     (f"{M}.custom_chat_template='{{{{ messages }}}}'", "chat template given in the config is not applied"),
     ("actor_rollout_ref.rollout.logprobs_mode=raw_logprobs", "not raw ones"),
     ("actor_rollout_ref.rollout.quantization=fp8", "unquantized"),
-    ("data.train_max_samples=100", "a cap on the rows read from data.train_files"),
     ("reward.reward_manager.source=importlib", "register yours with @register"),
     ("skip.async_rollout.enable=true", "synchronous trainer only"),
     (f"{M}.lora.type=dora", "no DoRA"),

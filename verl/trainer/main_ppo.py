@@ -201,8 +201,10 @@ def train_ppo(config: DictConfig, plan: RunPlan, estimate: MemoryEstimate | None
     rollout = config.actor_rollout_ref.rollout
     tools = load_agent_tools(rollout) if uses_async_agent(rollout) else {}
     schemas = prompt_tool_schemas(rollout, config.data, tools)  # the prompt-length check counts what the loop renders
-    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data, tool_schemas=schemas)
-    val_dataset = (RLHFDataset(config.data.val_files, tokenizer, config.data, tool_schemas=schemas)
+    train_dataset = RLHFDataset(config.data.train_files, tokenizer, config.data, tool_schemas=schemas,
+                                max_samples=config.data.train_max_samples, max_samples_key="train_max_samples")
+    val_dataset = (RLHFDataset(config.data.val_files, tokenizer, config.data, tool_schemas=schemas,
+                               max_samples=config.data.val_max_samples, max_samples_key="val_max_samples")
                    if config.data.val_files else None)
     unused = unused_tools_warning(rollout, tools, [row.get("agent_name") for row in train_dataset.rows])
     if unused:

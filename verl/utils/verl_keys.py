@@ -62,8 +62,6 @@ REFUSED_VALUES: dict[str, tuple[tuple, str]] = {
     "actor_rollout_ref.rollout.quantization_config_file": (
         (), "the rollout engine samples with the actor's weights unquantized (no fp8 or int rollout)"),
     "data.tokenizer": ((), "prompts are tokenized by model.path's tokenizer (or model.tokenizer_path)"),
-    "data.train_max_samples": ((-1,), "a cap on the rows read from data.train_files is not built; cut the file"),
-    "data.val_max_samples": ((-1,), "a cap on the rows read from data.val_files is not built; cut the file"),
     "reward.reward_manager.source": (("register",), _REWARD_CLASS),
     "reward.reward_manager.module.path": ((), _REWARD_CLASS),
     "reward_model.reward_loop_source": (("register",), _REWARD_CLASS),

@@ -314,3 +314,34 @@ def test_dataloader_resumes_exactly(tokenizer, train_file, num_workers, stops):
         if k % steps_per_epoch == 0:
             assert resumed[0] == []
         assert [batch for e in resumed for batch in e] == uninterrupted[k:], k
+
+
+def test_max_samples_keeps_the_first_rows_or_a_seeded_subset(tokenizer, tmp_path):
+    path = _write_parquet(tmp_path / "ten.parquet", [_row(str(i)) for i in range(10)])
+
+    def contents(dataset):
+        return [row["prompt"][0]["content"] for row in dataset.rows]
+
+    in_order = RLHFDataset(path, tokenizer, {"max_prompt_length": 16, "shuffle": False}, max_samples=3)
+    assert contents(in_order) == ["0", "1", "2"] and [in_order[i]["index"] for i in range(3)] == [0, 1, 2]
+    drawn = [RLHFDataset(path, tokenizer, {"max_prompt_length": 16, "shuffle": True, "seed": seed}, max_samples=4)
+             for seed in (1, 1, 2)]
+    # numpy's default_rng(seed).choice(10, 4, replace=False), kept in file order
+    expected = sorted(np.random.default_rng(1).choice(10, size=4, replace=False).tolist())
+    assert contents(drawn[0]) == contents(drawn[1]) == [str(i) for i in expected]
+    assert contents(drawn[2]) != contents(drawn[0])
+    assert len(RLHFDataset(path, tokenizer, {"max_prompt_length": 16}, max_samples=-1)) == 10
+    assert len(RLHFDataset(path, tokenizer, {"max_prompt_length": 16}, max_samples=50)) == 10
+    with pytest.raises(ConfigError, match=r"data.train_max_samples=0 must be -1"):
+        RLHFDataset(path, tokenizer, {"max_prompt_length": 16}, max_samples=0, max_samples_key="train_max_samples")
+
+
+def test_max_samples_keys_compose_and_bad_values_name_the_key():
+    from verl.trainer.config import load_config
+    from verl.trainer.ppo.config_rules import check_config
+
+    cfg = load_config(overrides=["data.train_max_samples=100", "data.val_max_samples=8"])
+    assert (cfg.data.train_max_samples, cfg.data.val_max_samples) == (100, 8)
+    check_config(cfg)
+    with pytest.raises(ConfigError, match=r"data.val_max_samples=0 must be -1"):
+        check_config(load_config(overrides=["data.val_max_samples=0"]))

@@ -74,6 +74,8 @@ class DataConfig(Section):
     truncation: str
     shuffle: bool
     seed: int
+    train_max_samples: int
+    val_max_samples: int
     dataloader_num_workers: int
     apply_chat_template_kwargs: dict[str, Any]
     custom_cls: CustomClsConfig
@@ -83,6 +85,9 @@ class DataConfig(Section):
         p = self.__config_prefix__
         for key in ("train_batch_size", "max_prompt_length", "max_response_length"):
             need(getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be a positive integer", problems)
+        for key in ("train_max_samples", "val_max_samples"):
+            need(getattr(self, key) == -1 or getattr(self, key) >= 1, f"{p}.{key}={getattr(self, key)} must be -1 "
+                 "(every row) or a positive number of rows", problems)
         need(self.truncation in TRUNCATION_MODES, f"{p}.truncation={self.truncation!r} must be one of "
              f"{', '.join(TRUNCATION_MODES)}", problems)
         for key in ("gen_batch_size", "val_batch_size"):

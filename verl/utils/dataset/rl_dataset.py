@@ -167,10 +167,14 @@ class RLHFDataset(Dataset):
     `tool_schemas`: the tools' schemas that the rollout renders into every prompt (mode=async's tool_agent with
     hermes calls, as verl's data set reads them from `data.tool_config_path`); the prompt-length check and filter
     count them, so that a prompt that fits here fits the rollout too. The items' token ids are rendered without them
-    (the tool loop renders the row's messages again)."""
+    (the tool loop renders the row's messages again).
+
+    `max_samples` (verl's data.train_max_samples / val_max_samples, named by `max_samples_key` in errors; -1: all):
+    keep that many rows of all files, the first ones, or with data.shuffle a random subset drawn with data.seed
+    (in file order), before the overlong-prompt filter."""
 
     def __init__(self, data_files: str | Sequence[str], tokenizer, config, processor=None,
-                 tool_schemas: list[dict] | None = None):
+                 tool_schemas: list[dict] | None = None, max_samples: int = -1, max_samples_key: str = "max_samples"):
         if processor is not None:
             raise NotImplementedError("multimodal prompts (a processor) are not supported; pass processor=None")
         self.tokenizer = tokenizer
@@ -205,6 +209,7 @@ class RLHFDataset(Dataset):
             for i, row in enumerate(rows):
                 self.rows.append(_check_row(row, f"{path}, row {i}", self.prompt_key, self.reward_fn_key))
                 self.origins.append((path, i, len(self.origins)))
+        self._cap_rows(int(max_samples), max_samples_key, config)
         if option(config, "filter_overlong_prompts", DATA):
             self._drop_overlong_prompts()
         elif self.truncation == "error":
@@ -215,6 +220,19 @@ class RLHFDataset(Dataset):
                 f"every one, each being longer than data.max_prompt_length={self.max_prompt_length}; "
                 "raise it, or cut prompts with data.truncation=left|right|middle"
             )
+
+    def _cap_rows(self, max_samples: int, key: str, config) -> None:
+        if max_samples == -1 or max_samples >= len(self.rows):
+            return
+        if max_samples < 1:
+            raise ConfigError(f"data.{key}={max_samples} must be -1 (every row) or a positive number of rows")
+        if option(config, "shuffle", DATA):
+            keep = np.sort(np.random.default_rng(int(option(config, "seed", DATA))).choice(
+                len(self.rows), size=max_samples, replace=False))
+        else:
+            keep = np.arange(max_samples)
+        self.rows = [self.rows[i] for i in keep]
+        self.origins = [self.origins[i] for i in keep]
 
     def _render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         return self.tokenizer.apply_chat_template(
