@@ -1,4 +1,5 @@
-"""End to end: on-policy distillation (distillation.*) on 2 CPU ranks, teachers as FSDP forwards beside the actor."""
+"""End to end: on-policy distillation (distillation.*) on 2 CPU ranks, teachers as FSDP forwards beside the actor or
+served by the HF rollout engine (inference.name=hf)."""
 
 import math
 
@@ -51,13 +52,15 @@ def teacher_log_probs(model_dir, batch, temperature=1.0):
 
 def test_a_teacher_per_data_source_scores_its_rows_and_only_distillation_trains(
         ray_session, tiny_model_dir, two_source_data, teachers, tmp_path):
-    """k3 without task rewards: each row's teacher_log_probs are its own teacher's (routed by data_source), and the
-    update is the distillation term alone."""
+    """k3 without task rewards: each row's teacher_log_probs are its own teacher's (routed by data_source; one teacher
+    an FSDP forward, the other the HF rollout engine's replica on each rank), and the update is the distillation term
+    alone."""
     trainer, history, before, after, batch = run(
         tiny_model_dir, two_source_data, tmp_path,
         f"distillation.teacher_models.teacher_model.model_path={teachers[0]}",
         f"+distillation.teacher_models.teacher_b.model_path={teachers[1]}",
         "+distillation.teacher_models.teacher_b.key=arithmetic_b",
+        "+distillation.teacher_models.teacher_b.inference.name=hf",
         "distillation.distillation_loss.use_task_rewards=false", probe_step=True)
     sources = batch.non_tensor_batch["data_source"]
     assert set(sources) == {"arithmetic", "arithmetic_b"}

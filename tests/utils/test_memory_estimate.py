@@ -192,6 +192,11 @@ def test_distillation_teachers_hold_their_sharded_weights(tmp_path):
     teacher = dataclasses.replace(SMALL, parameters=3000, trainable=3000)
     estimate = estimate_ppo_memory(config, plan_run(config, "cpu"), {"actor": SMALL, "teacher teacher_model": teacher})
     assert estimate.phases["update_actor"]["teacher teacher_model weights"] == 4 * 3000 // 2
+    # Served by the HF rollout engine: a whole replica on each of the 2 ranks.
+    config = small_config("distillation.enabled=true", "distillation.teacher_models.teacher_model.inference.name=hf",
+                          f"distillation.teacher_models.teacher_model.model_path={tmp_path / 'teacher'}")
+    estimate = estimate_ppo_memory(config, plan_run(config, "cpu"), {"actor": SMALL, "teacher teacher_model": teacher})
+    assert estimate.phases["update_actor"]["teacher teacher_model weights"] == 4 * 3000
 
 
 def test_each_memory_lever_changes_its_part():

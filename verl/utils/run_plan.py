@@ -62,13 +62,17 @@ class LoraPlan:
 class TeacherPlan:
     """One teacher of on-policy distillation (`distillation.teacher_models.<name>`): its model, the value of
     distillation.teacher_key whose rows it scores (None: the rows no other teacher claims), and the engine serving it
-    ("fsdp": a frozen FSDP forward on the actor's ranks; else a rollout engine's name)."""
+    ("fsdp": a frozen FSDP forward on the actor's ranks, sharded over them; "hf" / "vllm": that rollout engine, one
+    replica per actor rank, scoring prompt + response as prompt log-probs, `RolloutEngine.score`)."""
 
     name: str
     model_path: str
     key: str | None
     engine: str = "fsdp"
     temperature: float = 1.0
+    # The engine's settings over the rollout's (inference.dtype, gpu_memory_utilization, ...: the keys of
+    # actor_rollout_ref.rollout that the teacher's inference section sets); empty for "fsdp".
+    engine_settings: tuple[tuple[str, object], ...] = ()
 
 
 # The batch column that says which teacher of DistillationPlan.teachers scores each row.

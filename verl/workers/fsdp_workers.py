@@ -45,6 +45,7 @@ from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.generation import build_generator
 from verl.workers.rollout.registry import get_rollout_cls
 from verl.workers.rollout.shared import NodeSharedEngine
+from verl.workers.rollout.teacher_scoring import engine_teacher_log_probs
 from verl.workers.rollout.versioned import VersionedEngine, WeightsLock
 from verl.workers.rollout.weight_package import WeightPackage, pack_weights, unpack_weights
 
@@ -104,6 +105,19 @@ class ActorRolloutRefWorker(Worker):
         )
         return model.to(self._torch_device)
 
+    def _teacher_engine(self, teacher):
+        """A distillation teacher served by the rollout engine `teacher.engine` on this rank: its own replica of the
+        teacher's model (frozen: no weights are ever pushed into it), built as the rollout's engine is but from the
+        teacher's path, with the rollout's settings under the teacher's inference.* ones."""
+        settings = OmegaConf.merge(self.config.rollout, dict(teacher.engine_settings))
+        hf = teacher.engine == "hf"
+        return get_rollout_cls(teacher.engine).build(
+            model_path=teacher.model_path, tokenizer=self.tokenizer, config=settings, device=str(self._torch_device),
+            seed=self.plan.rollout.engine_seed(self.rank),
+            load_module=lambda: self._load_hf_model(self.plan.rollout.hf_engine_dtype, path=teacher.model_path),
+            weights_follow=False, trust_remote_code=self.config.model.trust_remote_code,
+            **({"static_decode": False} if hf else {}))
+
     def _load_engine_module(self):
         """The HF engine's own copy of the model, in the plan's `hf_engine_dtype` (float32 on CPU, where its log-probs
         are the actor's up to rounding; rollout.dtype on CUDA). With flash-attn selected for the actor's packed passes
@@ -151,6 +165,9 @@ class ActorRolloutRefWorker(Worker):
         # On-policy distillation's teachers (plan.distillation): frozen, sharded like the reference, beside the actor.
         self.teachers = []
         for teacher in (plan.distillation.teachers if self._is_actor and plan.distillation is not None else ()):
+            if teacher.engine != "fsdp":
+                self.teachers.append(self._teacher_engine(teacher))
+                continue
             teacher_model = self._load_hf_model(plan.ref.param_dtype, path=teacher.model_path)
             teacher_model.requires_grad_(False)
             teacher_module = shard_model(teacher_model, self._mesh, self.device, self.config.ref.fsdp_config,
@@ -304,7 +321,10 @@ class ActorRolloutRefWorker(Worker):
         for i in data.meta_info["teachers"]:
             teacher, policy = distill.teachers[i], self.teachers[i]
             data.meta_info["temperature"] = teacher.temperature
-            if distill.uses_topk:
+            if teacher.engine != "fsdp":
+                scored = engine_teacher_log_probs(policy, data, index == i, teacher.temperature,
+                                                  distill.topk if distill.uses_topk else 0)
+            elif distill.uses_topk:
                 scored = dict(zip(("teacher_log_probs", "teacher_topk_log_probs", "teacher_topk_ids"),
                                   policy.compute_topk_log_prob(data, distill.topk), strict=True))
             else:

@@ -62,13 +62,28 @@ def test_a_row_without_a_teacher_is_an_error_naming_its_value(tmp_path):
     ("distillation.teacher_models.teacher_model.model_path=null", "teacher_model.model_path is not set"),
     ("distillation.nnodes=1", "distillation.nnodes=1: a teacher pool of its own is not built"),
     ("distillation.teacher_models.teacher_model.num_replicas=2", "num_replicas=2: teacher servers"),
-    ("distillation.teacher_models.teacher_model.inference.name=vllm", "inference.name='vllm'"),
+    ("distillation.teacher_models.teacher_model.inference.name=sglang", "inference.name='sglang': a teacher is "
+     "served by an FSDP forward on the actor's ranks .* or by one of the rollout engines hf, vllm"),
+    ("distillation.teacher_models.teacher_model.inference.name=vllm "
+     "distillation.teacher_models.teacher_model.inference.temperature=0.7",
+     "inference.name=vllm at temperature 0.7 .*temperature 1 only"),
     ("distillation.distillation_loss.loss_mode=k1", "loss_mode=k1 with use_policy_gradient=false"),
 ])
 def test_refusals_name_the_key(tmp_path, override, message):
-    cfg = distillation_config(tmp_path, override)
+    cfg = distillation_config(tmp_path, *override.split())
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         plan_distillation(cfg)
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_a_rollout_engine_serves_the_teacher_with_its_inference_settings(tmp_path, engine):
+    plan = plan_distillation(distillation_config(
+        tmp_path, f"distillation.teacher_models.teacher_model.inference.name={engine}",
+        "distillation.teacher_models.teacher_model.inference.gpu_memory_utilization=0.3"))
+    (teacher,) = plan.teachers
+    assert teacher.engine == engine and ("gpu_memory_utilization", 0.3) in teacher.engine_settings
+    assert dict(teacher.engine_settings).get("enforce_eager") is True  # the section's default, kept
+    assert plan_distillation(distillation_config(tmp_path)).teachers[0].engine_settings == ()  # fsdp: none
 
 
 def test_topk_refuses_sequence_parallelism_and_a_missing_folder(tmp_path):

@@ -92,6 +92,11 @@ class EnginePair:
                                      VLLMSamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
         return [step[token].logprob for step, token in zip(out.prompt_logprobs[1:], ids[1:])]
 
+    def score(self, which, sequences, temperature=1.0, topk=0):
+        return [(s.log_probs.tolist(), None if s.topk_ids is None else s.topk_log_probs.tolist(),
+                 None if s.topk_ids is None else s.topk_ids.tolist())
+                for s in getattr(self, which).score(sequences, temperature=temperature, topk=topk)]
+
     def actor_log_probs(self, ids, start: int = 1, temperature: float = 1.0):
         """The actor's log-probs of ids[start:] given their prefixes, at `temperature`."""
         with torch.no_grad():
@@ -226,3 +231,23 @@ def test_after_an_actor_update_vllm_scores_a_sequence_like_the_actor(engines):
     # The prefix cache holds KV computed with the old weights; generating again must not reuse it.
     hf, vllm = both(pair, prompts, params)
     assert [g[0].token_ids for g in vllm] == [g[0].token_ids for g in hf]
+
+
+def test_scoring_given_tokens_as_a_distillation_teacher(engines):
+    """RolloutEngine.score (a teacher served by inference.name=hf|vllm): each engine's prompt log-probs of sequences
+    of different lengths are the actor's forward's, and their top-k agree; vLLM refuses a temperature but 1."""
+    pair, prompts = engines
+    sequences = [prompt + prompts[-1] for prompt in prompts]
+    hf, vllm = (ray.get(pair.score.remote(which, sequences, 1.0, 3)) for which in ("hf", "vllm"))
+    for sequence, (hf_lp, hf_top, hf_ids), (v_lp, v_top, v_ids) in zip(sequences, hf, vllm):
+        actor = ray.get(pair.actor_log_probs.remote(sequence))
+        torch.testing.assert_close(torch.tensor(hf_lp), torch.tensor(actor), atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(v_lp), torch.tensor(actor), atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(v_top), torch.tensor(hf_top), atol=1e-4, rtol=0)
+        assert [row[0] for row in v_ids] == [row[0] for row in hf_ids]  # the most likely token of each position
+        assert len(hf_lp) == len(sequence) - 1 and all(len(row) == 3 for row in hf_top)
+    (cooled, _, _), = ray.get(pair.score.remote("hf", sequences[:1], 0.7))
+    actor = ray.get(pair.actor_log_probs.remote(sequences[0], temperature=0.7))
+    torch.testing.assert_close(torch.tensor(cooled), torch.tensor(actor), atol=1e-5, rtol=0)
+    with pytest.raises(ray.exceptions.RayTaskError, match="temperature 1 only"):
+        ray.get(pair.score.remote("vllm", sequences[:1], 0.7))

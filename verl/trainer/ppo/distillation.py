@@ -20,8 +20,11 @@ from verl.utils.config import ConfigError
 from verl.utils.run_plan import TEACHER_INDEX, DistillationPlan, TeacherPlan
 
 SECTION = "distillation"
-# What can serve a teacher: a frozen FSDP forward on the actor's ranks (null / fsdp).
-TEACHER_ENGINES = ("fsdp",)
+# What can serve a teacher: a frozen FSDP forward on the actor's ranks (null / fsdp), or a rollout engine replicated
+# on each of them that scores prompt + response (`RolloutEngine.score`).
+TEACHER_ENGINES = ("fsdp", "hf", "vllm")
+# The teacher's inference.* keys that set the engine's rollout settings of the same name.
+ENGINE_SETTINGS = ("dtype", "gpu_memory_utilization", "tensor_model_parallel_size", "max_model_len", "enforce_eager")
 
 
 def plan_distillation(config: DictConfig, sequence_parallel: int = 1) -> DistillationPlan | None:
@@ -53,15 +56,21 @@ def plan_distillation(config: DictConfig, sequence_parallel: int = 1) -> Distill
         inference = teacher.get("inference") or {}
         engine = inference.get("name") or "fsdp"
         if engine not in TEACHER_ENGINES:
-            problems.append(f"{where}.inference.name={engine!r}: Quiver serves a teacher by an FSDP forward on the "
-                            "actor's ranks only (a rollout engine's prompt log-probs are not built); leave it null")
+            problems.append(f"{where}.inference.name={engine!r}: a teacher is served by an FSDP forward on the "
+                            f"actor's ranks (null or fsdp) or by one of the rollout engines {', '.join(TEACHER_ENGINES[1:])}")
         temperature = inference.get("temperature")
+        at = rollout_temperature if temperature is None else float(temperature)
+        if engine == "vllm" and at != 1.0:
+            problems.append(f"{where}.inference.name=vllm at temperature {at} (inference.temperature, or the "
+                            "rollout's): vLLM's prompt log-probs are the raw logits', temperature 1 only; serve the "
+                            "teacher with inference.name=hf or null")
+        settings = tuple((key, inference.get(key)) for key in ENGINE_SETTINGS
+                         if engine != "fsdp" and inference.get(key) is not None)
         key = teacher.get("key")
         if key is None:
             catch_all.append(name)
         teachers.append(TeacherPlan(name=str(name), model_path=path, key=None if key is None else str(key),
-                                    engine=engine,
-                                    temperature=rollout_temperature if temperature is None else float(temperature)))
+                                    engine=engine, temperature=at, engine_settings=settings))
     if not teachers and not problems:
         problems.append(f"{SECTION}.enabled=true but {SECTION}.teacher_models names no teacher")
     if len(catch_all) > 1:

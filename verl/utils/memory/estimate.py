@@ -321,10 +321,14 @@ def _resident(step: _Step, capacity: int | None) -> dict[str, int]:
     }
     if plan.use_reference_policy and plan.lora is None:
         resident["ref weights"] = _weights(device, actor, arr.ref.fsdp_config, DTYPE_BYTES[plan.ref.param_dtype], shard)
-    for name, shape in step.shapes.items():  # distillation's teachers, sharded like the reference
+    # distillation's teachers: sharded like the reference, or a whole replica on each rank where a rollout engine
+    # serves one (inference.name=hf|vllm)
+    engines = {t.name: t.engine for t in (plan.distillation.teachers if plan.distillation is not None else ())}
+    for name, shape in step.shapes.items():
         if name.startswith(TEACHER_SHAPE):
+            replica = engines.get(name.removeprefix(TEACHER_SHAPE), "fsdp") != "fsdp"
             resident[f"{name} weights"] = _weights(device, shape, arr.ref.fsdp_config, DTYPE_BYTES[plan.ref.param_dtype],
-                                                   shard)
+                                                   1 if replica else shard)
     if plan.use_critic:
         critic_shape, critic_fsdp = step.shapes["critic"], config.critic.model.fsdp_config
         critic_bytes, critic_shard = DTYPE_BYTES[plan.critic.param_dtype], plan.critic.fsdp_size

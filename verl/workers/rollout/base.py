@@ -101,6 +101,17 @@ class CompletionOutput:
     policy_version: int | None = None
 
 
+@dataclass
+class ScoredTokens:
+    """`RolloutEngine.score` of one sequence of n tokens: `log_probs` `(n - 1,)`, the log-prob of token i + 1 after
+    tokens 0..i; with top-k, `topk_log_probs` and `topk_ids` `(n - 1, k)`, position i's k most likely next tokens,
+    most likely first."""
+
+    log_probs: torch.Tensor
+    topk_log_probs: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+
+
 class RolloutEngine(ABC):
     """What the trainer and the agent loop need from an inference engine.
 
@@ -143,6 +154,13 @@ class RolloutEngine(ABC):
     def step(self) -> list[tuple[str, CompletionOutput]]:
         """Run one step over every queued and running request: (request id, completion) of those it finished."""
         raise NotImplementedError(f"{type(self).__name__} does not batch continuously")
+
+    def score(self, sequences: list[list[int]], temperature: float = 1.0,
+              topk: int = 0) -> list[ScoredTokens]:
+        """Prompt log-probs: for each sequence, each token after the first scored given the tokens before it, from
+        the engine's logits divided by `temperature` (a distillation teacher's pass, verl/trainer/ppo/distillation.py;
+        nothing is sampled). With `topk`, also each position's k most likely tokens."""
+        raise NotImplementedError(f"{type(self).__name__} does not score given tokens (no prompt log-probs)")
 
     def weights_checksum(self) -> float:
         """The sum of the engine's weights (float64), to check that a push arrived."""

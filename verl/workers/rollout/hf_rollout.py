@@ -53,7 +53,7 @@ from verl.utils.torch_functional import (
     pad_2d_list_to_tensor,
     tensor_checksum,
 )
-from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, params_per_prompt
+from verl.workers.rollout.base import CompletionOutput, RolloutEngine, SamplingParams, ScoredTokens, params_per_prompt
 from verl.workers.rollout.decode_attention import use_grouped_decode_attention
 from verl.workers.rollout.registry import register_rollout
 from verl.workers.rollout.sampling import draw_uniforms, sample_from_probs, scaled_logits, top_k_top_p_filter
@@ -198,6 +198,38 @@ class HFRollout(RolloutEngine):
                 end = start + micro_batch_size
                 completions.extend(self._generate_batch(requests[start:end], shared, max_tokens[start:end]))
         return [completions[i * shared.n : (i + 1) * shared.n] for i in range(len(prompt_token_ids))]
+
+    def score(self, sequences: list[list[int]], temperature: float = 1.0, topk: int = 0) -> list[ScoredTokens]:
+        """See `RolloutEngine.score`: one forward of the engine's module per micro-batch of right-padded sequences
+        (`micro_batch_size`, default all), float32 log-softmax of logits / temperature."""
+        if self.weights_released:
+            raise RuntimeError("HFRollout.score: the weights were released by sleep(); push them first")
+        for i, ids in enumerate(sequences):
+            if len(ids) < 2:
+                raise ValueError(f"sequence {i} has {len(ids)} tokens; scoring needs at least 2")
+        self.module.eval()
+        scored: list[ScoredTokens] = []
+        size = self.micro_batch_size or max(len(sequences), 1)
+        with torch.no_grad():
+            for start in range(0, len(sequences), size):
+                batch = sequences[start:start + size]
+                width = max(len(ids) for ids in batch)
+                ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
+                mask = torch.zeros(len(batch), width, dtype=torch.long)
+                for row, tokens in enumerate(batch):
+                    ids[row, :len(tokens)] = torch.tensor(tokens)
+                    mask[row, :len(tokens)] = 1
+                ids, mask = ids.to(self.device), mask.to(self.device)
+                logits = self.module(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]
+                log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+                taken = log_probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
+                top = log_probs.topk(topk, dim=-1) if topk else None
+                for row, tokens in enumerate(batch):
+                    n = len(tokens) - 1
+                    scored.append(ScoredTokens(taken[row, :n].cpu(),
+                                               None if top is None else top.values[row, :n].cpu(),
+                                               None if top is None else top.indices[row, :n].cpu()))
+        return scored
 
     def _generate_batch(
         self, requests: list[list[int]], params: SamplingParams, max_tokens: list[int]

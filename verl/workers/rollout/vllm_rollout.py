@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from verl.utils.memory import FLOAT32_BYTES, GIB, EngineClaim, EngineContext, gpu_share_claim
-from verl.workers.rollout.base import CompletionOutput, SamplingParams, params_per_prompt
+from verl.workers.rollout.base import CompletionOutput, SamplingParams, ScoredTokens, params_per_prompt
 from verl.workers.rollout.registry import register_rollout
 from verl.workers.rollout.served import (
     PushedWeightsEngine,
@@ -326,6 +326,33 @@ class VLLMRollout(PushedWeightsEngine):
         requests = [TokensPrompt(prompt_token_ids=list(map(int, ids))) for ids in prompt_token_ids]
         outputs = self.llm.generate(requests, [self._vllm_params(p) for p in per_prompt], use_tqdm=False)
         return [[self._completion(c, p) for c in out.outputs] for out, p in zip(outputs, per_prompt)]
+
+    def score(self, sequences: list[list[int]], temperature: float = 1.0, topk: int = 0) -> list[ScoredTokens]:
+        """See `RolloutEngine.score`: vLLM's prompt log-probs (`prompt_logprobs`, one token generated and dropped).
+        vLLM takes them from the raw logits, so only `temperature=1` is scored; `topk` is at most the engine's
+        max_logprobs (20, or rollout.entropy_top_k + 1)."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if temperature != 1.0:
+            raise ValueError(f"the vLLM engine scores prompt tokens at temperature 1 only (vLLM's prompt log-probs "
+                             f"are the raw logits'), not {temperature}")
+        check_prompts_not_empty(sequences, "vLLM")
+        params = VLLMSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=topk, detokenize=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(map(int, ids))) for ids in sequences],
+                                    params, use_tqdm=False)
+        scored = []
+        for ids, out in zip(sequences, outputs):
+            positions = out.prompt_logprobs[1:]  # the first token has none
+            taken = torch.tensor([position[token].logprob for token, position in zip(ids[1:], positions)])
+            if not topk:
+                scored.append(ScoredTokens(taken))
+                continue
+            ranked = [sorted(((entry.rank, token, entry.logprob) for token, entry in position.items()
+                              if entry.rank is not None and entry.rank <= topk))[:topk] for position in positions]
+            scored.append(ScoredTokens(taken, torch.tensor([[lp for _, _, lp in row] for row in ranked]),
+                                       torch.tensor([[token for _, token, _ in row] for row in ranked])))
+        return scored
 
     def _vllm_params(self, params: SamplingParams):
         from vllm import SamplingParams as VLLMSamplingParams
