@@ -40,6 +40,7 @@ def test_a_value_asking_for_what_quiver_lacks_is_refused_naming_key_and_capabili
     "actor_rollout_ref.rollout.logprobs_mode=processed_logprobs",
     f"{M}.mtp.enable=false", "actor_rollout_ref.rollout.quantization=null", "skip.rollout_tq.enable=false",
     "actor_rollout_ref.actor.fsdp_config.full_determinism=true",  # a kernel switch: announced, not refused
+    f"{M}.lora.type=canonical_lora",  # an adapter per q, k, v: what peft's LoRA is on a HF model
 ])
 def test_the_same_computation_is_accepted(override, capsys):
     from verl.trainer.ppo.config_rules import announce_inert_keys

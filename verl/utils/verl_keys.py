@@ -75,7 +75,9 @@ REFUSED_VALUES: dict[str, tuple[tuple, str]] = {
     "skip.async_rollout.enable": ((False,), _SKIP),
     "skip.rollout_tq.enable": ((False,), _SKIP),
     # verl 0.9's newer LoRA section: what Quiver's LoRA does not do (the rest maps, see apply_verl_lora_section).
-    "actor_rollout_ref.model.lora.type": (("lora",), "LoRA is peft's plain LoRA (no DoRA or canonical LoRA)"),
+    # canonical LoRA is Megatron's LoRA with an adapter per q, k, v (and gate, up) instead of one per fused layer:
+    # on a Hugging Face model, whose q, k, v are separate layers, that is peft's LoRA.
+    "actor_rollout_ref.model.lora.type": (("lora", "canonical_lora"), "LoRA is peft's plain LoRA (no DoRA)"),
     "actor_rollout_ref.model.lora.dropout": ((0, 0.0), "LoRA trains without adapter dropout"),
     "actor_rollout_ref.model.lora.lora_B_init_method": (
         ("zero",), "LoRA's B starts at zero (the first step's model is the base model)"),
