@@ -235,8 +235,6 @@ def _pass_parts(step: _Step, p: _Pass, grad: bool, entropy: bool, extra_copies: 
     length, response = step.length, step.config.data.max_response_length
     tokens, scored = -(-p.sequences * length // p.sp), -(-p.sequences * response // p.sp)
     parts = {"gathered weights": _gathered(plan.device, p)}
-    if p.sp > 1:  # the full-sequence attention mask every rank builds (verl/utils/ulysses.full_sequence_mask)
-        parts["sequence-parallel mask"] = p.sequences * length * length
     head_bytes = c if step.cuda else 0  # the compute-dtype logits the head makes on CUDA
     logits = 0
     if shape.vocab and plan.actor.fused_logprobs and not extra_copies:  # a chunk of tokens at a time (no full logits)
