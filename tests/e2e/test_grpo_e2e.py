@@ -180,22 +180,25 @@ def test_on_policy_steps_skip_the_old_log_prob_pass(ray_session, tiny_model_dir,
             assert "old_log_probs" not in batch.batch.keys()
 
 
-@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("lora, sp", [(False, 1), (True, 1), (False, 2)], ids=["plain", "lora", "ulysses"])
 def test_exact_rollout_trains_with_the_engines_log_probs_equal_to_the_actors(ray_session, tiny_model_dir,
-                                                                             arithmetic_data_dir, tmp_path, lora):
-    """rollout.exact=true on 2 ranks with two mini-batches (an off-policy second one), with and without LoRA: no
-    old-log-prob pass (the engine's log-probs are the old ones), and the update's forward on the first mini-batch
-    gives every sampled token the engine's log-prob bit for bit, every step (with LoRA after the adapters moved)."""
+                                                                             arithmetic_data_dir, tmp_path, lora, sp):
+    """rollout.exact=true on 2 ranks with two mini-batches (an off-policy second one), with and without LoRA, and
+    with the actor's forward split over both ranks by Ulysses SP: no old-log-prob pass (the engine's log-probs are
+    the old ones), and the update's forward on the first mini-batch gives every sampled token the engine's log-prob
+    bit for bit, every step (with LoRA after the adapters moved)."""
     from e2e_utils import fit_trainer
 
     adapter = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
                "actor_rollout_ref.actor.optim.lr=1e-2"] if lora else []
+    if sp > 1:
+        adapter.append(f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}")
     trainer, history, before, after, batch = fit_trainer(
         tiny_overrides(tiny_model_dir, arithmetic_data_dir, "actor_rollout_ref.rollout.exact=true",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.total_training_steps=3",
                        f"trainer.default_local_dir={tmp_path}", *adapter),
         tiny_model_dir, probe_step=True)
-    assert (trainer.plan.lora is not None) == lora
+    assert (trainer.plan.lora is not None) == lora and trainer.plan.actor.sequence_parallel == sp
     assert trainer.plan.rollout.exact and trainer.plan.old_log_prob_source == "rollout"
     for m in history:
         assert m["actor/old_log_prob_recomputed"] == 0.0

@@ -196,5 +196,7 @@ def make_exact(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def is_exact(model: torch.nn.Module) -> bool:
+    """Whether `model` attends with exact attention (also as Ulysses SP's wrapper of it, `ulysses_quiver_exact`)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(getattr(base, "config", None), "_attn_implementation", None) == EXACT_ATTENTION
+    implementation = getattr(getattr(base, "config", None), "_attn_implementation", None)
+    return implementation in (EXACT_ATTENTION, f"ulysses_{EXACT_ATTENTION}")

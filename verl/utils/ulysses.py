@@ -39,11 +39,14 @@ from transformers.integrations.flash_attention import flash_attention_forward
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
+from verl.utils import exact_kernels
+from verl.utils.exact_kernels import EXACT_ATTENTION, exact_attention
 from verl.utils.packing import VARLEN_ATTENTION
 
 # The Ulysses wrapper of each attention implementation it can wrap (config._attn_implementation values).
 ULYSSES_ATTENTION = {"sdpa": "ulysses_sdpa", "eager": "ulysses_eager",
-                     "flash_attention_2": "ulysses_flash_attention_2", "flash_attention_3": "ulysses_flash_attention_3"}
+                     "flash_attention_2": "ulysses_flash_attention_2", "flash_attention_3": "ulysses_flash_attention_3",
+                     EXACT_ATTENTION: f"ulysses_{EXACT_ATTENTION}"}
 
 
 def sp_size(group: dist.ProcessGroup | None) -> int:
@@ -405,7 +408,24 @@ def _ulysses_flash(implementation: str) -> Callable:
     return ulysses_flash
 
 
-_WRAPPERS = {"sdpa": ulysses_sdpa, "eager": ulysses_eager, "flash_attention_2": _ulysses_flash("flash_attention_2"),
+def _exact_by_sequence(module, query, key, value, layout, **kwargs):
+    """exact mode's attention (verl/utils/exact_kernels.py) once per sequence, causal within it: each sequence's keys
+    start at slot 0 as they do in the plain forward and in the engine's decode step, so SP keeps the bits."""
+    return _per_sequence(lambda q, k, v: exact_attention(module, q, k, v, None, **kwargs)[0], query, key, value,
+                         layout)
+
+
+def ulysses_exact(module, query, key, value, attention_mask, **kwargs):
+    """exact mode's batch-invariant attention under Ulysses sequence parallelism (`_ulysses_attention`): after the
+    exchange every rank holds whole sequences of its heads, which the exact kernel attends as the plain forward
+    does, and the all-to-alls only move values, so the log-probs are the same bits as without SP."""
+    return _ulysses_attention(exact_attention, _exact_by_sequence, module, query, key, value, attention_mask,
+                              **kwargs)
+
+
+exact_kernels.register()  # the base implementation's mask function, which the wrapper's registration reuses
+_WRAPPERS = {"sdpa": ulysses_sdpa, "eager": ulysses_eager, EXACT_ATTENTION: ulysses_exact,
+             "flash_attention_2": _ulysses_flash("flash_attention_2"),
              "flash_attention_3": _ulysses_flash("flash_attention_3")}
 for _base, _wrapper in _WRAPPERS.items():
     AttentionInterface.register(ULYSSES_ATTENTION[_base], _wrapper)
