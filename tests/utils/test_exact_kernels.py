@@ -85,10 +85,11 @@ def rollout_batch(engine, prompts, params, response_length=12):
     return generate_sequences(engine, batch, params, response_length, 0, [95])
 
 
-def actor_log_probs(actor_model, batch, packed, temperature):
+def actor_log_probs(actor_model, batch, packed, temperature, fused=False):
     cfg = OmegaConf.create({"ppo_epochs": 1, "optim": {"clip_grad": 1.0}, "policy_loss": {}})
     batch.meta_info["temperature"] = temperature
-    log_probs, _ = DataParallelPPOActor(cfg, actor_model, use_remove_padding=packed).compute_log_prob(batch)
+    actor = DataParallelPPOActor(cfg, actor_model, use_remove_padding=packed, fused_logprobs=fused)
+    log_probs, _ = actor.compute_log_prob(batch)
     return log_probs
 
 
@@ -102,8 +103,9 @@ def test_the_engines_log_probs_are_the_actors_bit_for_bit(static, params):
     mask = batch.batch["response_mask"].bool()
     assert mask.sum() > 20
     for packed in (False, True):
-        expected = actor_log_probs(actor, batch, packed, params.temperature or 1.0)
-        assert torch.equal(batch.batch["rollout_log_probs"][mask], expected[mask]), packed
+        for fused in (False, True):  # the fused head (model.use_fused_kernels) too: the head's bits, chunked
+            expected = actor_log_probs(actor, batch, packed, params.temperature or 1.0, fused)
+            assert torch.equal(batch.batch["rollout_log_probs"][mask], expected[mask]), (packed, fused)
     # the default kernels are close but not equal: what exact mode removes
     default = model()
     plain = rollout_batch(HFRollout(copy.deepcopy(default), Tokenizer(), seed=0, static_decode=static), PROMPTS,

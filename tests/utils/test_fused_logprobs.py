@@ -108,13 +108,14 @@ def test_hand_computed_softmax():
     torch.testing.assert_close(grad_h, torch.tensor([ln2 / 8, ln2 / 8, -ln2 / 4]))
 
 
+@pytest.mark.parametrize("exact", [False, True])  # exact: rollout.exact's batch-invariant linear and log_softmax
 @pytest.mark.parametrize("with_entropy", [False, True])
-def test_gradcheck_float64(with_entropy):
+def test_gradcheck_float64(with_entropy, exact):
     hidden, weight, bias, labels = make_inputs(with_bias=True, dtype=torch.float64, seed=3, rows=3)
 
     def fn(hidden, weight, bias):
         log_prob, entropy = fused_logprobs_and_entropy(hidden, weight, labels, 0.7, bias=bias,
-                                                       with_entropy=with_entropy, chunk_size=2)
+                                                       with_entropy=with_entropy, chunk_size=2, exact=exact)
         assert log_prob.dtype == torch.float64  # float64 inputs keep float64 softmax math, as gradcheck needs
         return (log_prob, entropy) if with_entropy else log_prob
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from verl.utils.exact_kernels import exact_linear
+
 # Rows (tokens) per chunk by default: the largest temporaries are a few (CHUNK_TOKENS, vocab) float32 tensors,
 # 0.6 GB each at Qwen2.5's vocabulary.
 CHUNK_TOKENS = 1024
@@ -31,24 +33,29 @@ def _cast(dtype: torch.dtype, hidden: torch.Tensor, weight: torch.Tensor, bias: 
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  temperature: float) -> torch.Tensor:
+                  temperature: float, exact: bool = False) -> torch.Tensor:
     """z = (hidden @ weight.T + bias) / T of one chunk: the matmul in the inputs' dtype, z in float32 or wider.
 
     hidden `(rows, H)`, weight `(V, H)`, bias `(V,)` or None, all in one dtype -> `(rows, V)`, float32 (float64
-    for float64 inputs).
+    for float64 inputs). `exact`: the matmul is exact mode's batch-invariant linear (verl/utils/exact_kernels.py),
+    the one the LM head itself runs there, so each row's logits are the head's bits whatever the chunk.
     """
-    logits = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
+    if exact:
+        logits = exact_linear(hidden, weight, bias)
+    else:
+        logits = hidden @ weight.T if bias is None else torch.addmm(bias, hidden, weight.T)
     # .to() returns `logits` itself when it already has the wider dtype; dividing in place then only overwrites a
     # tensor nobody else holds.
     return logits.to(torch.promote_types(logits.dtype, torch.float32)).div_(temperature)
 
 
 def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-             temperature: float, with_entropy: bool, chunk_size: int):
+             temperature: float, with_entropy: bool, chunk_size: int, exact: bool = False):
     """The chunked forward, shared by the autograd path and the no-grad path.
 
     hidden `(N, H)`, weight `(V, H)`, bias `(V,)` or None (one dtype), labels `(N,)` int64 -> `(N,)` tensors
-    (log_prob, logsumexp of z, entropy or None) in z's dtype.
+    (log_prob, logsumexp of z, entropy or None) in z's dtype. `exact`: the log-probs are log_softmax(z)'s, as the
+    unfused path takes them (`logprobs_from_logits`), on exact mode's logits (`_chunk_logits`).
     """
     rows = hidden.shape[0]
     log_prob = torch.empty(rows, dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
@@ -56,9 +63,9 @@ def _forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     entropy = torch.empty_like(log_prob) if with_entropy else None
     for start in range(0, rows, chunk_size):
         end = min(start + chunk_size, rows)
-        z = _chunk_logits(hidden[start:end], weight, bias, temperature)
+        z = _chunk_logits(hidden[start:end], weight, bias, temperature, exact)
         lse[start:end] = lse_c = torch.logsumexp(z, dim=-1)
-        log_p = z.sub_(lse_c[:, None])
+        log_p = torch.log_softmax(z, dim=-1) if exact else z.sub_(lse_c[:, None])
         log_prob[start:end] = log_p.gather(1, labels[start:end, None]).squeeze(1)
         if with_entropy:
             entropy[start:end] = -log_p.exp().mul_(log_p).sum(dim=-1)
@@ -69,20 +76,20 @@ class _FusedLogprobsEntropy(torch.autograd.Function):
     """Autograd for `fused_logprobs_and_entropy`; see its docstring for the gradient formulas."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, with_entropy, chunk_size, compute_dtype):
+    def forward(ctx, hidden, weight, bias, labels, temperature, with_entropy, chunk_size, compute_dtype, exact):
         ctx.set_materialize_grads(False)  # an output the loss does not use arrives as None: skip its term
         log_prob, lse, entropy = _forward(*_cast(compute_dtype, hidden, weight, bias), labels, temperature,
-                                          with_entropy, chunk_size)
+                                          with_entropy, chunk_size, exact)
         # The inputs themselves (not the cast copies, which would double the LM head in memory when the dtypes
         # differ) and two floats per row: no `(N, V)` tensor survives the forward.
         ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy)
-        ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
+        ctx.temperature, ctx.chunk_size, ctx.compute_dtype, ctx.exact = temperature, chunk_size, compute_dtype, exact
         return log_prob, entropy
 
     @staticmethod
     def backward(ctx, grad_log_prob, grad_entropy):
         if grad_log_prob is None and grad_entropy is None:
-            return (None,) * 8
+            return (None,) * 9
         hidden, weight, bias, labels, lse, entropy = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         temperature, chunk_size, dtype = ctx.temperature, ctx.chunk_size, ctx.compute_dtype
@@ -98,7 +105,7 @@ class _FusedLogprobsEntropy(torch.autograd.Function):
         for start in range(0, rows, chunk_size):
             end = min(start + chunk_size, rows)
             h_c = h[start:end]
-            log_p = _chunk_logits(h_c, w, b, temperature).sub_(lse[start:end, None])
+            log_p = _chunk_logits(h_c, w, b, temperature, ctx.exact).sub_(lse[start:end, None])
             p = log_p.exp()
             # g_z = a * (onehot(y) - p) + c * (-p * (log p + H)), built in place on the chunk's buffers.
             a = None if grad_log_prob is None else grad_log_prob[start:end, None].to(lse.dtype)
@@ -128,12 +135,12 @@ class _FusedLogprobsEntropy(torch.autograd.Function):
             grad_weight = grad_weight.to(weight.dtype)
         if grad_bias is not None:
             grad_bias = grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 def fused_logprobs_and_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                                temperature: float = 1.0, *, bias: torch.Tensor | None = None,
-                               with_entropy: bool = True, chunk_size: int = CHUNK_TOKENS):
+                               with_entropy: bool = True, chunk_size: int = CHUNK_TOKENS, exact: bool = False):
     """log p(label) and entropy of softmax((hidden @ weight.T + bias) / T), `chunk_size` rows at a time.
 
     hidden `(N, H)` (or `(..., H)`), weight `(V, H)` (the LM head), bias `(V,)` or None, labels `(N,)` (or `(...)`)
@@ -158,6 +165,10 @@ def fused_logprobs_and_entropy(hidden: torch.Tensor, weight: torch.Tensor, label
 
     Each gradient is cast back to its input's dtype (grad_weight and grad_bias are summed in float32 or wider).
     Under `torch.no_grad()`, or when no input requires grad, no autograd graph is built.
+
+    `exact` (rollout.exact=true): the logits come from exact mode's batch-invariant linear and log_prob is
+    log_softmax(z)'s entry, so each row's log-prob has the bits of the unfused head's `logprobs_from_logits`, which
+    the HF engine's decode step computes too (verl/utils/exact_kernels.py).
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 (the logits are divided by it)")
@@ -181,10 +192,10 @@ def fused_logprobs_and_entropy(hidden: torch.Tensor, weight: torch.Tensor, label
         t is not None and t.requires_grad for t in (hidden, weight, bias))
     if needs_graph:
         log_prob, entropy = _FusedLogprobsEntropy.apply(flat_hidden, weight, bias, flat_labels, float(temperature),
-                                                        with_entropy, chunk_size, compute_dtype)
+                                                        with_entropy, chunk_size, compute_dtype, exact)
     else:
         log_prob, _, entropy = _forward(*_cast(compute_dtype, flat_hidden, weight, bias), flat_labels,
-                                        float(temperature), with_entropy, chunk_size)
+                                        float(temperature), with_entropy, chunk_size, exact)
     return log_prob.view(shape), None if entropy is None else entropy.view(shape)
 
 

@@ -258,11 +258,13 @@ def test_exact_rollout_is_planned_and_its_log_probs_stand_in_for_the_pass_in_eve
     assert _source(EXACT, "algorithm.rollout_correction.bypass_mode=false") == "recompute"  # asked for
     # LoRA: the actor's adapted layers run on the merged weight, as the engine's copy holds it
     assert _source(EXACT, "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.model.lora_rank=8") == "rollout"
+    # the fused log-prob head takes the head's exact linear and log_softmax (tests/utils/test_exact_kernels.py)
+    assert _source(EXACT, "actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.model.use_fused_kernels=true") \
+        == "rollout"
 
 
 @pytest.mark.parametrize("override, named", [
     ("actor_rollout_ref.rollout.name=vllm", "rollout.name=vllm"),
-    ("actor_rollout_ref.model.use_fused_kernels=true", "use_fused_kernels"),
     ("actor_rollout_ref.actor.use_torch_compile=true", "use_torch_compile=true"),
     ("+actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2", "flash_attention_2"),
 ])

@@ -105,9 +105,10 @@ def plan_exact(config: DictConfig, engine: str, device: str) -> bool:
     """`actor_rollout_ref.rollout.exact`: the HF engine and the actor run the batch-invariant kernels of
     verl/utils/exact_kernels.py, so the engine's log-probs are the actor's training forward's, bit for bit. A
     ConfigError names what stands in the way: another engine (its own kernels), and the actor paths that compute
-    log-probs another way than the engine's step (fused log-prob kernels, flash-attn, compiled layers, CUDA GEMMs).
-    LoRA adapters run on their merged weight (exact_kernels._lora_forward); Ulysses sequence parallelism attends
-    with the exact kernel once per whole sequence after its exchange (verl/utils/ulysses.ulysses_exact)."""
+    log-probs another way than the engine's step (flash-attn, compiled layers, CUDA GEMMs). LoRA adapters run on
+    their merged weight (exact_kernels._lora_forward); Ulysses sequence parallelism attends with the exact kernel
+    once per whole sequence after its exchange (verl/utils/ulysses.ulysses_exact); the fused log-prob head takes
+    the LM head's batch-invariant linear and log_softmax chunk by chunk (fused_logprobs, exact=True)."""
     rollout, actor_rollout_ref = config.actor_rollout_ref.rollout, config.actor_rollout_ref
     if not rollout.get("exact"):
         return False
@@ -118,9 +119,6 @@ def plan_exact(config: DictConfig, engine: str, device: str) -> bool:
                          "actor_rollout_ref.rollout.name=hf"),
         (device != "cpu", f"trainer.device={device}: CUDA GEMMs change their reduction order with the row count "
                           "(split-K), and Quiver has no batch-invariant CUDA matmul yet; exact mode runs on CPU"),
-        (bool(model.use_fused_kernels or model.use_liger), "actor_rollout_ref.model.use_fused_kernels / use_liger: "
-                                                            "the fused log-prob kernel takes the LM head in chunks of "
-                                                            "its own; set them to false"),
         (attention is not None and attention != "sdpa" and attention != "eager",
          f"actor_rollout_ref.model.override_config.attn_implementation={attention}: exact mode brings its own "
          "attention; remove the override"),

@@ -21,6 +21,7 @@ from verl.algorithms.kl import kl_penalty
 from verl.algorithms.primitives import compute_entropy_loss, truncated_is_weights
 from verl.protocol import DataProto
 from verl.utils.config import option
+from verl.utils.exact_kernels import is_exact
 from verl.utils.fsdp_utils import clip_grad_and_step, count_skipped_steps, reshard_all
 from verl.utils.fused_logprobs import CHUNK_TOKENS, fused_logprobs_and_entropy, lm_head_weight_and_bias
 from verl.utils.packing import (
@@ -128,11 +129,13 @@ def fused_lm_head(model: torch.nn.Module, positions: torch.Tensor, labels: torch
         raise ValueError("model.use_fused_kernels: this model caps its logits (final_logit_softcapping), which the "
                          "fused log-probs do not apply; set actor_rollout_ref.model.use_fused_kernels=false")
 
+    exact = is_exact(model)  # rollout.exact: the head's bits, as the unfused head and the engine give them
+
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         weight, bias = lm_head_weight_and_bias(head)
         rows = hidden.reshape(-1, hidden.shape[-1])[positions]
         log_prob, entropy = fused_logprobs_and_entropy(rows, weight, labels, temperature, bias=bias,
-                                                       with_entropy=with_entropy, chunk_size=FUSED_CHUNK)
+                                                       with_entropy=with_entropy, chunk_size=FUSED_CHUNK, exact=exact)
         columns = (log_prob, entropy) if with_entropy else (log_prob,)
         return torch.stack(columns, dim=-1).unsqueeze(0)
 
