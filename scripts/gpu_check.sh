@@ -99,7 +99,7 @@ lane() {  # lane NAME SECONDS PYTEST-ARGS...: one pytest session, SIGINT after S
 
 suite_s=$((budget * 3 / 5))
 lane a "$suite_s" tests/gpu/test_gpu_memory.py tests/gpu/test_gpu_optimizer.py tests/gpu/test_gpu_decode.py \
-  tests/gpu/test_gpu_async.py &
+  tests/gpu/test_gpu_async.py tests/gpu/test_gpu_ulysses_flash.py &
 lane_a=$!
 lane b "$suite_s" tests/gpu/test_gpu_memory_levers.py tests/gpu/test_gpu_training.py \
   -k "(memory_levers or critic or kl_loss or two_gpus) and not 8k_response" &
