@@ -106,3 +106,18 @@ def test_policy_gradient_distillation_with_k1(ray_session, tiny_model_dir, arith
         assert math.isfinite(step["distillation/loss"])
         assert 0 <= step["distillation/pg_clipfrac"] <= 1 and "distillation/ppo_kl" in step
         assert math.isfinite(step["actor/pg_loss"])  # the RL loss on the task rewards is kept
+
+
+@pytest.mark.vllm
+def test_a_teacher_served_by_vllm(ray_session, tiny_model_dir, arithmetic_data_dir, teachers, tmp_path):
+    """inference.name=vllm (with the HF rollout): a vLLM replica of the teacher on each rank scores the responses as
+    prompt log-probs, which are the teacher's forward's to float32 rounding, and the student trains on them."""
+    _, history, before, after, batch = run(
+        tiny_model_dir, arithmetic_data_dir, tmp_path,
+        f"distillation.teacher_models.teacher_model.model_path={teachers[0]}",
+        "distillation.teacher_models.teacher_model.inference.name=vllm",
+        "distillation.distillation_loss.use_task_rewards=false", probe_step=True)
+    mask = batch.batch["response_mask"].bool()
+    torch.testing.assert_close(batch.batch["teacher_log_probs"][mask], teacher_log_probs(teachers[0], batch)[mask],
+                               atol=1e-4, rtol=1e-5)
+    assert before != after and all(math.isfinite(step["distillation/loss"]) for step in history)
