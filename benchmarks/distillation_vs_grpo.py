@@ -21,29 +21,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 
+from ppo_vs_grpo import run as run_quickstart  # noqa: E402
 from quickstart_report import read_stage  # noqa: E402
 
 VAL_KEY = "val-core/arithmetic/reward/mean@1"
 
 
 def quickstart(out: str, env_extra: dict[str, str], overrides: list[str]) -> float:
-    """One scripts/quickstart.sh run into `out`; its wall time in seconds (its log: <out>/quickstart.log)."""
-    os.makedirs(out, exist_ok=True)
-    env = {**os.environ, "QUICKSTART_DIR": out, **env_extra}
-    start = time.perf_counter()
-    with open(os.path.join(out, "quickstart.log"), "w") as log:
-        result = subprocess.run(["bash", "scripts/quickstart.sh", "trainer.log_val_generations=0", *overrides],
-                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if result.returncode:
-        sys.exit(f"quickstart failed (exit {result.returncode}); see {out}/quickstart.log")
-    return time.perf_counter() - start
+    """One scripts/quickstart.sh run into `out` at the quickstart's default seed (0); its wall time in seconds."""
+    return run_quickstart(out, 0, env_extra, overrides)
 
 
 def history(run_dir: str) -> list[dict]:
