@@ -37,6 +37,32 @@ def spawn(rank_fn, args: tuple = (), nprocs: int = 1) -> None:
                                           join=True, start_method="forkserver")
 
 
+def run_ranks_to_files(rank_fn, out_dir, deadline_s: float, nprocs: int = 2) -> list:
+    """Start `rank_fn(rank, port, out_dir)` on `nprocs` ranks (`fork_server_context`, the test's environment), wait
+    up to `deadline_s` for them, and load what each saved as `<out_dir>/rank<r>.pt`; fails the test, naming the
+    ranks, when one hung or saved nothing."""
+    import torch
+
+    from verl.single_controller.base.worker import find_free_port
+
+    context = fork_server_context()
+    port = find_free_port()
+    ranks = [context.Process(target=in_environment, args=(rank, dict(os.environ), rank_fn, port, str(out_dir)))
+             for rank in range(nprocs)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(deadline_s)
+    hung = [process for process in ranks if process.is_alive()]
+    for process in hung:
+        process.kill()
+        process.join()
+    assert not hung, f"the {nprocs}-rank run did not finish within {deadline_s} s"
+    missing = [rank for rank in range(nprocs) if not (out_dir / f"rank{rank}.pt").exists()]
+    assert not missing, f"ranks {missing} saved no results (exit codes {[process.exitcode for process in ranks]})"
+    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(nprocs)]
+
+
 def leave_group() -> None:
     """Wait until the other ranks are done with the group, then end this process without gloo's C++ teardown.
 

@@ -17,9 +17,7 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_ranks import fork_server_context, in_environment, leave_group
-
-from verl.single_controller.base.worker import find_free_port
+from gloo_ranks import leave_group, run_ranks_to_files
 
 pytestmark = pytest.mark.gpu
 
@@ -96,22 +94,7 @@ def _rank_main(rank: int, port: int, out_dir: str):
 
 @pytest.mark.needs("cuda", "flash_attn")
 def test_ulysses_flash_attention_varlen_matches_sp1(tmp_path, figures):
-    context = fork_server_context()
-    port = find_free_port()
-    ranks = [context.Process(target=in_environment, args=(rank, dict(os.environ), _rank_main, port, str(tmp_path)))
-             for rank in range(2)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(DEADLINE_S)
-    hung = [process for process in ranks if process.is_alive()]
-    for process in hung:
-        process.kill()
-        process.join()
-    assert not hung, f"the two-rank run did not finish within {DEADLINE_S} s"
-    missing = [rank for rank in range(2) if not (tmp_path / f"rank{rank}.pt").exists()]
-    assert not missing, f"ranks {missing} saved no results (exit codes {[process.exitcode for process in ranks]})"
-    results = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    results = run_ranks_to_files(_rank_main, tmp_path, DEADLINE_S)
     for result in results:
         assert "error" not in result, result["error"]
         # The packed row's 5 sequences and the split's end padding (none: 1,024 splits evenly).

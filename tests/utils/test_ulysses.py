@@ -12,12 +12,11 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_ranks import fork_server_context, in_environment, leave_group
+from gloo_ranks import leave_group, run_ranks_to_files
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from verl.single_controller.base.worker import find_free_port
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits, masked_mean
 from verl.utils.ulysses import (
     SequenceLayout,
@@ -401,23 +400,7 @@ def _rank_main(rank: int, port: int, out_dir: str):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """Each case's results on ranks 0 and 1: {case: [rank0, rank1]}."""
-    out_dir = tmp_path_factory.mktemp("ulysses")
-    context = fork_server_context()
-    port = find_free_port()
-    ranks = [context.Process(target=in_environment, args=(rank, dict(os.environ), _rank_main, port, str(out_dir)))
-             for rank in range(2)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(DEADLINE_S)
-    hung = [process for process in ranks if process.is_alive()]
-    for process in hung:
-        process.kill()
-        process.join()
-    assert not hung, f"the two-rank Ulysses run did not finish within {DEADLINE_S} s"
-    missing = [rank for rank in range(2) if not (out_dir / f"rank{rank}.pt").exists()]
-    assert not missing, f"ranks {missing} saved no results (exit codes {[process.exitcode for process in ranks]})"
-    results = [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    results = run_ranks_to_files(_rank_main, tmp_path_factory.mktemp("ulysses"), DEADLINE_S)
     return {name: [results[0][name], results[1][name]] for name in CASES}
 
 
