@@ -147,6 +147,19 @@ def test_make_exact_switches_both_kernels():
     assert linears and all("forward" in vars(m) for m in linears)
 
 
+def test_the_fused_head_gives_the_exact_head_back_after_its_block():
+    """The fused log-prob head swaps the LM head's forward within its block; exact mode's own forward of the head
+    (its batch-invariant linear) is what the head runs again after it, not nn.Linear's."""
+    from verl.workers.actor.dp_actor import fused_lm_head
+
+    exact = make_exact(model())
+    head = exact.get_output_embeddings()
+    patched = vars(head)["forward"]
+    with fused_lm_head(exact, torch.tensor([0]), torch.tensor([1]), 1.0, False):
+        assert vars(head)["forward"] is not patched
+    assert vars(head)["forward"] is patched
+
+
 def test_with_lora_the_engine_on_the_pushed_merged_weights_gives_the_actors_log_probs():
     """LoRA on: the actor (a peft model, adapters trained away from 0) runs its adapted layers on W + s (B A); the
     engine gets the weights as the trainer pushes them (merge_lora_items) and samples with the same log-probs; the
