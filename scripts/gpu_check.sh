@@ -13,8 +13,9 @@
 # it start-up, even when it fails at its first step; so the tiny runs are spread over three lanes.
 # Four pytest lanes start together, each with its own --basetemp and report, and get SIGINT at 3/5 of the budget
 # (pytest then still writes its report; SIGKILL 30 s later). Expected times on an H100 (runs of 2026-11-27):
-#   A  the 0.5B-shape GRPO run and its memory estimate (first: one 0.5B job on the card at a time), the optimizer and
-#      static-decode tests; about 200 s
+#   A  the 0.5B-shape GRPO run and its memory estimate (first: one 0.5B job on the card at a time), the optimizer,
+#      static-decode, async and Ulysses-flash tests, exact mode's (a tiny run and its 0.5B-shape costs: not yet timed
+#      on a GPU); about 200 s before exact mode's
 #   B  the tiny memory-lever run (first: the only GPU run of activation offload), PPO with a critic, the KL loss;
 #      about 235 s
 #   C  the tiny GRPO run, once (the checkpoint tests and test_grpo_tiny read it), the killed and resumed runs, the
@@ -99,7 +100,7 @@ lane() {  # lane NAME SECONDS PYTEST-ARGS...: one pytest session, SIGINT after S
 
 suite_s=$((budget * 3 / 5))
 lane a "$suite_s" tests/gpu/test_gpu_memory.py tests/gpu/test_gpu_optimizer.py tests/gpu/test_gpu_decode.py \
-  tests/gpu/test_gpu_async.py tests/gpu/test_gpu_ulysses_flash.py &
+  tests/gpu/test_gpu_async.py tests/gpu/test_gpu_ulysses_flash.py tests/gpu/test_gpu_exact.py &
 lane_a=$!
 lane b "$suite_s" tests/gpu/test_gpu_memory_levers.py tests/gpu/test_gpu_training.py \
   -k "(memory_levers or critic or kl_loss or two_gpus) and not 8k_response" &

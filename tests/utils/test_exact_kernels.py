@@ -145,6 +145,8 @@ def test_make_exact_switches_both_kernels():
     assert is_exact(exact) and not is_exact(model())
     linears = [m for m in exact.modules() if type(m) is torch.nn.Linear]
     assert linears and all("forward" in vars(m) for m in linears)
+    norms = [m for m in exact.modules() if type(m).__name__ == "Qwen2RMSNorm"]  # their CUDA kernel's (exact_triton)
+    assert norms and all("forward" in vars(m) for m in norms)
 
 
 def test_the_fused_head_gives_the_exact_head_back_after_its_block():

@@ -37,6 +37,8 @@ import types
 import torch
 import torch.nn.functional as F
 
+from verl.utils import exact_triton
+
 EXACT_ATTENTION = "quiver_exact"
 ROW_MULTIPLE = 16
 KEY_BLOCK = 32
@@ -55,6 +57,8 @@ def _pad_rows(rows: torch.Tensor, dim: int) -> tuple[torch.Tensor, int]:
 
 def exact_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear whose every row's result is independent of how many rows the call has (module docstring)."""
+    if exact_triton.routes(x):
+        return exact_triton.linear(x, weight, bias)
     rows, length = _pad_rows(x.reshape(-1, x.shape[-1]), 0)
     out = F.linear(rows, weight, bias)[:length]
     return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -108,9 +112,13 @@ def exact_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     allowed = _allowed(attention_mask, query_length, key_length, batch, query.device)
     if allowed.shape[1] != 1:
         raise ValueError("exact attention takes one mask for all heads")
-    split = _split_segments(module, query, key, value, allowed)
+    triton_route = exact_triton.routes(query)
+    # One query (a decode step) is one key range; its check would read the device (none inside a CUDA graph).
+    split = None if triton_route and query_length == 1 else _split_segments(module, query, key, value, allowed)
     if split is not None:
         return split, None
+    if triton_route:
+        return _triton_attention(query, key, value, allowed, scale), None
     # Each row's attendable keys in order, into slots 0.. (a key any query of the row may attend), padded to blocks.
     keys_used = allowed.any(dim=2)[:, 0]  # (B, L)
     order = torch.sort((~keys_used).to(torch.int8), dim=-1, stable=True).indices
@@ -144,6 +152,54 @@ def exact_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     out = torch.cumsum(torch.matmul(weights, v), dim=2)[:, :, -1]
     out = torch.where(total > 0, out / total.clamp(min=torch.finfo(out.dtype).tiny), torch.zeros_like(out))
     return out[:, :, :query_length].to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def _triton_attention(query, key, value, allowed, scale: float) -> torch.Tensor:
+    """exact_attention on CUDA: each row's attendable keys gathered in order into slots 0, 1, ... (as on the CPU, but
+    over all `key_length` slots, so that a decode step's shapes stay fixed inside its CUDA graph), each query's slot
+    count, and exact_triton.attention over them. `(B, Q, H, D)`."""
+    batch, kv_heads, key_length, head_dim = key.shape
+    query_length = query.shape[2]
+    keys_used = allowed.any(dim=2)[:, 0]  # (B, L)
+    order = torch.sort((~keys_used).to(torch.int8), dim=-1, stable=True).indices
+    index = order[:, None, :, None].expand(batch, kv_heads, key_length, head_dim)
+    k, v = torch.gather(key, 2, index), torch.gather(value, 2, index)
+    slots = torch.gather(allowed[:, 0], 2, order[:, None, :].expand(batch, query_length, key_length))  # (B, Q, L)
+    limit = torch.where(slots, torch.arange(1, key_length + 1, device=query.device), 0).amax(-1)  # (B, Q)
+    if query_length > 1 and not (query.is_cuda and torch.cuda.is_current_stream_capturing()):
+        prefix = torch.arange(key_length, device=query.device) < limit[..., None]
+        if not bool(torch.equal(prefix, slots)):
+            raise ValueError("exact attention on CUDA takes masks under which each query attends a prefix of its "
+                             "row's attendable keys (causal, padded or packed rows); this mask has gaps")
+    return exact_triton.attention(query, k.to(query.dtype), v.to(query.dtype), limit, scale)
+
+
+def _rms_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Llama / Qwen RMSNorm, weight * x / sqrt(mean(x^2) + eps), with the mean from exact_triton.mean_square on CUDA
+    (torch's reduction picks its thread layout by the row count there); elsewhere the class's own forward."""
+    if not exact_triton.routes(hidden_states):
+        return type(self).forward(self, hidden_states)
+    dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    hidden_states = hidden_states * torch.rsqrt(exact_triton.mean_square(hidden_states) + self.variance_epsilon)
+    return self.weight * hidden_states.to(dtype)
+
+
+def _uncovered_norm_forward(self, *args, **kwargs):
+    """A normalisation exact mode has no CUDA kernel for: its class's forward where torch's kernels are exact (CPU),
+    a clear error on CUDA."""
+    tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if tensor is not None and exact_triton.routes(tensor):
+        raise ValueError(f"exact mode on CUDA has a batch-invariant kernel for Llama/Qwen RMSNorm only, not for "
+                         f"{type(self).__name__}; set actor_rollout_ref.rollout.exact=false for this model")
+    return type(self).forward(self, *args, **kwargs)
+
+
+def _is_rms_norm(module: torch.nn.Module) -> bool:
+    """The Llama / Qwen RMSNorm form (_rms_norm_forward): a class named *RMSNorm with `weight` and
+    `variance_epsilon` (Gemma's, with 1 + weight and `eps`, is not)."""
+    return (type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
+            and isinstance(getattr(module, "weight", None), torch.Tensor))
 
 
 def _split_segments(module, query, key, value, allowed) -> torch.Tensor | None:
@@ -192,6 +248,10 @@ def make_exact(model: torch.nn.Module) -> torch.nn.Module:
             module.forward = types.MethodType(_linear_forward, module)
         elif LoraLinear and isinstance(module, LoraLinear):
             module.forward = types.MethodType(_lora_forward, module)
+        elif _is_rms_norm(module):
+            module.forward = types.MethodType(_rms_norm_forward, module)
+        elif type(module).__name__.endswith("Norm") or isinstance(module, torch.nn.modules.normalization.LayerNorm):
+            module.forward = types.MethodType(_uncovered_norm_forward, module)
     return model
 
 

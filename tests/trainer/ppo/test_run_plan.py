@@ -272,5 +272,15 @@ def test_exact_rollout_refuses_what_would_compute_log_probs_another_way(override
     with pytest.raises(ConfigError, match="rollout.exact=true cannot hold") as err:
         plan_run(load_config(overrides=[*BASE, EXACT, override]), "cpu")
     assert named in str(err.value)
-    with pytest.raises(ConfigError, match="CUDA GEMMs"):
-        plan_run(load_config(overrides=[*BASE, EXACT]), "cuda")
+
+
+def test_exact_rollout_on_cuda_takes_the_triton_kernels_and_is_refused_without_triton(monkeypatch):
+    from verl.utils import exact_triton
+
+    monkeypatch.setattr(exact_triton, "TRITON_FOUND", True)
+    hf = "actor_rollout_ref.rollout.name=hf"
+    assert plan_run(load_config(overrides=[*BASE, EXACT, hf]), "cuda").rollout.exact
+    monkeypatch.setattr(exact_triton, "TRITON_FOUND", False)
+    with pytest.raises(ConfigError, match="trainer.device=cuda: exact mode's CUDA kernels are Triton's, and Triton is "
+                                          "not installed"):
+        plan_run(load_config(overrides=[*BASE, EXACT, hf]), "cuda")

@@ -31,6 +31,7 @@ from verl.trainer.ppo.config_rules import check_topology, critic_enabled
 from verl.trainer.ppo.distillation import plan_distillation
 from verl.trainer.ppo.rollout_corr_helper import correction_enabled
 from verl.trainer.ppo.topology import Topology, plan_topology
+from verl.utils import exact_triton
 from verl.utils.config import ConfigError, option
 from verl.utils.fsdp_utils import COMPUTE_DTYPES
 from verl.utils.lora import lora_settings
@@ -104,8 +105,9 @@ def old_log_prob_source(config: DictConfig, engine: str, device: str) -> str:
 def plan_exact(config: DictConfig, engine: str, device: str) -> bool:
     """`actor_rollout_ref.rollout.exact`: the HF engine and the actor run the batch-invariant kernels of
     verl/utils/exact_kernels.py, so the engine's log-probs are the actor's training forward's, bit for bit. A
-    ConfigError names what stands in the way: another engine (its own kernels), and the actor paths that compute
-    log-probs another way than the engine's step (flash-attn, compiled layers, CUDA GEMMs). LoRA adapters run on
+    ConfigError names what stands in the way: another engine (its own kernels), the actor paths that compute
+    log-probs another way than the engine's step (flash-attn, compiled layers), CUDA without Triton (its kernels
+    there, verl/utils/exact_triton.py). LoRA adapters run on
     their merged weight (exact_kernels._lora_forward); Ulysses sequence parallelism attends with the exact kernel
     once per whole sequence after its exchange (verl/utils/ulysses.ulysses_exact); the fused log-prob head takes
     the LM head's batch-invariant linear and log_softmax chunk by chunk (fused_logprobs, exact=True)."""
@@ -117,8 +119,9 @@ def plan_exact(config: DictConfig, engine: str, device: str) -> bool:
     reasons = [
         (engine != "hf", f"rollout.name={engine}: only the hf engine runs the actor's model code; set "
                          "actor_rollout_ref.rollout.name=hf"),
-        (device != "cpu", f"trainer.device={device}: CUDA GEMMs change their reduction order with the row count "
-                          "(split-K), and Quiver has no batch-invariant CUDA matmul yet; exact mode runs on CPU"),
+        (device not in ("cpu", "cuda"), f"trainer.device={device}: exact mode's kernels run on CPU and CUDA"),
+        (device == "cuda" and exact_triton.unavailable() is not None,
+         f"trainer.device=cuda: exact mode's CUDA kernels are Triton's, and {exact_triton.unavailable()}"),
         (attention is not None and attention != "sdpa" and attention != "eager",
          f"actor_rollout_ref.model.override_config.attn_implementation={attention}: exact mode brings its own "
          "attention; remove the override"),

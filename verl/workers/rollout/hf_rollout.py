@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from verl.utils.exact_kernels import is_exact
 from verl.utils.memory import DTYPE_BYTES, FLOAT32_BYTES, EngineClaim, EngineContext
 from verl.utils.torch_functional import (
     STATIC_PROMPT_BUCKET,
@@ -147,8 +148,13 @@ class HFRollout(RolloutEngine):
         self.pad_to_kept_rows = self.static_decode and self.device.type == "cuda"
         if self.static_decode and self.device.type == "cuda":
             # One CUDA graph per (rows, length, sampling settings): the static cache's tensors keep their addresses
-            # across calls; the graph runs the model's step and the sampling from its logits.
-            self._decode_step = torch.compile(self._decode_and_sample, mode="reduce-overhead", dynamic=False)
+            # across calls; the graph runs the model's step and the sampling from its logits. In exact mode the graph
+            # replays the eager kernels (backend "cudagraphs"): inductor would fuse the elementwise ops around the
+            # batch-invariant kernels and round them otherwise than the actor's eager forward does.
+            if is_exact(self.module):
+                self._decode_step = torch.compile(self._decode_and_sample, backend="cudagraphs", dynamic=False)
+            else:
+                self._decode_step = torch.compile(self._decode_and_sample, mode="reduce-overhead", dynamic=False)
         self.generator = None
         if seed is not None:
             self.generator = torch.Generator(device=self.device)
