@@ -9,7 +9,8 @@ import triton.language as tl
 def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk,
                    stride_om, stride_on, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # 64-bit offsets: a (rows, vocabulary) output passes 2**31 elements at 14k rows of Qwen's vocabulary
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -30,7 +31,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_xk, 
 
 @triton.jit
 def _mean_square_kernel(x_ptr, out_ptr, N, stride, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for start in range(0, N, BLOCK):
@@ -44,7 +45,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, out_ptr, scale, queries, s
                       so_b, so_q, so_h, so_d, IEEE: tl.constexpr, BLOCK_Q: tl.constexpr,
                       BLOCK_KEYS: tl.constexpr, BLOCK_D: tl.constexpr):
     block = tl.program_id(0)
-    b = tl.program_id(1) // heads
+    b = (tl.program_id(1) // heads).to(tl.int64)
     h = tl.program_id(1) % heads
     kv = h // groups
     qs = block * BLOCK_Q + tl.arange(0, BLOCK_Q)
