@@ -204,7 +204,7 @@ def _costs(model_dir, exact: bool, prompts) -> dict[str, float]:
     from verl.workers.rollout.base import SamplingParams
     from verl.workers.rollout.hf_rollout import HFRollout
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.bfloat16).to("cuda")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda")
     if exact:
         make_exact(model)
     engine = HFRollout(copy.deepcopy(model), _Tokenizer(), device="cuda", seed=0)
