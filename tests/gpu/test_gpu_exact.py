@@ -89,36 +89,13 @@ def _model(dtype):
     return Qwen2ForCausalLM(config).to("cuda", dtype).eval()
 
 
-def _rollout(engine, params, response_length):
-    from verl.protocol import DataProto
-    from verl.utils.torch_functional import compute_position_id_with_mask, pad_2d_list_to_tensor
-    from verl.workers.rollout.layout import generate_sequences
-
-    ids = pad_2d_list_to_tensor(PROMPTS, 0, left=True)
-    mask = pad_2d_list_to_tensor([[1] * len(p) for p in PROMPTS], 0, left=True)
-    batch = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask,
-                                         "position_ids": compute_position_id_with_mask(mask)},
-                                non_tensors={"raw_prompt_ids": PROMPTS})
-    return generate_sequences(engine, batch, params, response_length, 0, [4095])
-
-
-def _actor_log_probs(model, batch, packed, temperature, fused=False):
-    from omegaconf import OmegaConf
-
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
-
-    cfg = OmegaConf.create({"ppo_epochs": 1, "optim": {"clip_grad": 1.0}, "policy_loss": {}})
-    batch.meta_info["temperature"] = temperature
-    actor = DataParallelPPOActor(cfg, model, use_remove_padding=packed, fused_logprobs=fused)
-    return actor.compute_log_prob(batch.to("cuda"))[0].cpu()
-
-
 @pytest.mark.needs("cuda")
 @pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "sampled"])
 def test_the_engines_bf16_log_probs_are_the_actors_bit_for_bit_with_the_cuda_graph_decode(temperature, figures):
     import torch
     from test_gpu_decode import _GraphCounts
 
+    from tests.utils.test_exact_kernels import actor_log_probs, rollout_batch
     from verl.utils.exact_kernels import make_exact
     from verl.workers.rollout.base import SamplingParams
     from verl.workers.rollout.hf_rollout import HFRollout
@@ -128,22 +105,23 @@ def test_the_engines_bf16_log_probs_are_the_actors_bit_for_bit_with_the_cuda_gra
     engine = HFRollout(make_exact(copy.deepcopy(actor)), _Tokenizer(), device="cuda", seed=0)
     assert engine.static_decode
     with _GraphCounts() as counts:
-        batch = _rollout(engine, params, 48)
+        batch = rollout_batch(engine, PROMPTS, params, 48, stop_ids=[4095])
     figures.update(counts.read())
     assert counts.captures > 0, "the decode step ran as a CUDA graph"
     mask = batch.batch["response_mask"].bool()
     rollout = batch.batch["rollout_log_probs"]
     for packed in (False, True):
         for fused in (False, True):
-            expected = _actor_log_probs(actor, batch, packed, temperature or 1.0, fused)
+            expected = actor_log_probs(actor, batch, packed, temperature or 1.0, fused)
             gap = (rollout - expected)[mask].abs().max().item()
             figures[f"max_gap_packed{int(packed)}_fused{int(fused)}"] = gap
             assert torch.equal(rollout[mask], expected[mask]), (packed, fused, gap)
     # the default kernels, for the report: bf16's usual gap
     default = _model(torch.bfloat16)
-    plain = _rollout(HFRollout(copy.deepcopy(default), _Tokenizer(), device="cuda", seed=0), params, 48)
+    plain = rollout_batch(HFRollout(copy.deepcopy(default), _Tokenizer(), device="cuda", seed=0), PROMPTS, params, 48,
+                          stop_ids=[4095])
     plain_mask = plain.batch["response_mask"].bool()
-    gap = plain.batch["rollout_log_probs"] - _actor_log_probs(default, plain, False, temperature or 1.0)
+    gap = plain.batch["rollout_log_probs"] - actor_log_probs(default, plain, False, temperature or 1.0)
     figures["default_kernels_max_gap"] = gap[plain_mask].abs().max().item()
 
 

@@ -76,21 +76,22 @@ def test_exact_attention_of_one_query_over_a_cache_is_the_causal_prefills_row():
         assert torch.equal(decoded[:, 0], prefill[:, pad + t]), t
 
 
-def rollout_batch(engine, prompts, params, response_length=12):
+def rollout_batch(engine, prompts, params, response_length=12, stop_ids=(95,)):
     ids = pad_2d_list_to_tensor(prompts, 0, left=True)
     mask = pad_2d_list_to_tensor([[1] * len(p) for p in prompts], 0, left=True)
     batch = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask,
                                          "position_ids": compute_position_id_with_mask(mask)},
                                 non_tensors={"raw_prompt_ids": prompts})
-    return generate_sequences(engine, batch, params, response_length, 0, [95])
+    return generate_sequences(engine, batch, params, response_length, 0, list(stop_ids))
 
 
 def actor_log_probs(actor_model, batch, packed, temperature, fused=False):
+    """The actor's log-probs of `batch` on the model's device, returned on the CPU."""
     cfg = OmegaConf.create({"ppo_epochs": 1, "optim": {"clip_grad": 1.0}, "policy_loss": {}})
     batch.meta_info["temperature"] = temperature
     actor = DataParallelPPOActor(cfg, actor_model, use_remove_padding=packed, fused_logprobs=fused)
-    log_probs, _ = actor.compute_log_prob(batch)
-    return log_probs
+    log_probs, _ = actor.compute_log_prob(batch.to(next(actor_model.parameters()).device))
+    return log_probs.cpu()
 
 
 @pytest.mark.parametrize("static", [False, True])
