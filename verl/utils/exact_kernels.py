@@ -120,8 +120,7 @@ def exact_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if triton_route:
         return _triton_attention(query, key, value, allowed, scale), None
     # Each row's attendable keys in order, into slots 0.. (a key any query of the row may attend), padded to blocks.
-    keys_used = allowed.any(dim=2)[:, 0]  # (B, L)
-    order = torch.sort((~keys_used).to(torch.int8), dim=-1, stable=True).indices
+    keys_used, order = _slot_order(allowed)
     slots = KEY_BLOCK * max(1, -(-int(keys_used.sum(-1).max()) // KEY_BLOCK))
     if slots > key_length:
         order = torch.cat([order, order.new_full((batch, slots - key_length), key_length)], dim=-1)
@@ -154,14 +153,20 @@ def exact_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     return out[:, :, :query_length].to(query.dtype).transpose(1, 2).contiguous(), None
 
 
+def _slot_order(allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, which keys any of its queries may attend `(B, L)`, and the key order that puts those first, in their
+    own order (slot s holds key order[b, s])."""
+    keys_used = allowed.any(dim=2)[:, 0]
+    return keys_used, torch.sort((~keys_used).to(torch.int8), dim=-1, stable=True).indices
+
+
 def _triton_attention(query, key, value, allowed, scale: float) -> torch.Tensor:
     """exact_attention on CUDA: each row's attendable keys gathered in order into slots 0, 1, ... (as on the CPU, but
     over all `key_length` slots, so that a decode step's shapes stay fixed inside its CUDA graph), each query's slot
     count, and exact_triton.attention over them. `(B, Q, H, D)`."""
     batch, kv_heads, key_length, head_dim = key.shape
     query_length = query.shape[2]
-    keys_used = allowed.any(dim=2)[:, 0]  # (B, L)
-    order = torch.sort((~keys_used).to(torch.int8), dim=-1, stable=True).indices
+    _, order = _slot_order(allowed)
     index = order[:, None, :, None].expand(batch, kv_heads, key_length, head_dim)
     k, v = torch.gather(key, 2, index), torch.gather(value, 2, index)
     slots = torch.gather(allowed[:, 0], 2, order[:, None, :].expand(batch, query_length, key_length))  # (B, Q, L)

@@ -151,10 +151,8 @@ class HFRollout(RolloutEngine):
             # across calls; the graph runs the model's step and the sampling from its logits. In exact mode the graph
             # replays the eager kernels (backend "cudagraphs"): inductor would fuse the elementwise ops around the
             # batch-invariant kernels and round them otherwise than the actor's eager forward does.
-            if is_exact(self.module):
-                self._decode_step = torch.compile(self._decode_and_sample, backend="cudagraphs", dynamic=False)
-            else:
-                self._decode_step = torch.compile(self._decode_and_sample, mode="reduce-overhead", dynamic=False)
+            how = {"backend": "cudagraphs"} if is_exact(self.module) else {"mode": "reduce-overhead"}
+            self._decode_step = torch.compile(self._decode_and_sample, dynamic=False, **how)
         self.generator = None
         if seed is not None:
             self.generator = torch.Generator(device=self.device)
