@@ -160,3 +160,50 @@ def test_weight_buckets_gather_bucket_and_sum_what_an_engine_receives():
     assert buckets.checksum == 2 + 6 + 10 + 1
     streamed = WeightBuckets(pairs)
     assert [name for name, _ in streamed.pairs()] == ["a", "b", "c", "d"] and streamed.checksum == 19.0
+
+
+class _AnswersEveryName:
+    """Like llvmlite's ffi `lib`: no instance dict, and `__getattr__` answers `__dict__` with a non-dict."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        return lambda *args: None
+
+
+def test_vllm_engine_start_skips_modules_whose_values_have_no_dict_namespace():
+    """vLLM's CPU engine start reads `vars(value).get("kernel")` of every module value; a process that imported numba
+    (llvmlite's `lib`) made it raise. Such modules are out of `sys.modules` only while the engine starts."""
+    import sys
+    import types
+
+    from verl.workers.rollout.vllm_rollout import _modules_vllm_can_scan
+
+    odd = types.ModuleType("quiver_test_odd_namespace")
+    odd.lib = _AnswersEveryName()
+    plain = types.ModuleType("quiver_test_plain_namespace")
+    plain.value = object()
+    sys.modules[odd.__name__], sys.modules[plain.__name__] = odd, plain
+    try:
+        # vLLM's own scan where vLLM is installed (its CPU build here); the hiding alone where it is not.
+        rebind = getattr(_vllm_dispatcher(), "_rebind_kernels", None)
+        if rebind is not None:
+            with pytest.raises(AttributeError):
+                rebind([])  # the failure this guards against
+        with _modules_vllm_can_scan():
+            assert odd.__name__ not in sys.modules and sys.modules[plain.__name__] is plain
+            if rebind is not None:
+                rebind([])
+        assert sys.modules[odd.__name__] is odd
+    finally:
+        sys.modules.pop(odd.__name__, None)
+        sys.modules.pop(plain.__name__, None)
+
+
+def _vllm_dispatcher():
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    return importlib.import_module("vllm.triton_utils.dispatcher")

@@ -37,6 +37,7 @@ import contextlib
 import glob
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -181,6 +182,37 @@ def _keep_torch_threads():
         torch.set_num_threads(threads)
 
 
+def _has_odd_namespace(module) -> bool:
+    """Whether a module holds a value whose `__dict__` is no mapping (a class's is a mappingproxy, which is one), such
+    as llvmlite's ffi `lib`: its `__getattr__` answers every name, `__dict__` too, with a function wrapper."""
+    namespace = getattr(module, "__dict__", None)
+    if not isinstance(namespace, dict):
+        return False
+    for value in list(namespace.values()):
+        try:
+            if hasattr(value, "__dict__") and not callable(getattr(vars(value), "get", None)):
+                return True
+        except Exception:  # a value whose attribute lookup raises is skipped by vLLM's scan as well
+            continue
+    return False
+
+
+@contextlib.contextmanager
+def _modules_vllm_can_scan():
+    """vLLM's CPU platform rebinds its Triton kernels at engine start by reading `vars(value).get(...)` of every value
+    of every module in `sys.modules`; a value whose `__dict__` is not a dict makes it raise AttributeError. llvmlite's
+    ffi `lib` is one, and it is in a process once anything imported numba (bm25s does, for the search tool). Such
+    modules are out of `sys.modules` while the engine starts; their objects and importers' references are untouched."""
+    hidden = {name: module for name, module in list(sys.modules.items()) if _has_odd_namespace(module)}
+    for name in hidden:
+        sys.modules.pop(name, None)
+    try:
+        yield
+    finally:
+        for name, module in hidden.items():
+            sys.modules.setdefault(name, module)
+
+
 @contextlib.contextmanager
 def _env(**values: str):
     old = {key: os.environ.get(key) for key in values}
@@ -283,7 +315,7 @@ class VLLMRollout(PushedWeightsEngine):
         cpu_tensor_parallel = on_cpu and distributed and self.tp_size > 1
         if cpu_tensor_parallel:
             _name_cpu_shm_per_run()
-        with _keep_torch_threads(), _env(LOCAL_RANK=local_rank):
+        with _keep_torch_threads(), _env(LOCAL_RANK=local_rank), _modules_vllm_can_scan():
             self.llm = LLM(**kwargs)
         if cpu_tensor_parallel:
             _unlink_cpu_shm()
