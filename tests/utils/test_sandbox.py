@@ -183,6 +183,16 @@ def test_fork_bomb_is_contained(run_dirs, marker):
     assert (after.status, after.stdout) == ("ok", "True\n")
 
 
+def test_a_fork_bomb_in_a_pid_namespace_is_gone_when_the_run_returns(run_dirs, marker, namespaces, monkeypatch):
+    """unshare exits once the kernel has reaped the namespace; the short grace for the launcher without namespaces
+    (here 0) must not apply, or unshare is killed first and the bomb's processes are still dying when the run
+    returns (3-5 of them were seen so, and in a loaded suite with the 1 s grace)."""
+    monkeypatch.setattr(sandbox, "_STOP_GRACE_S", 0.0)
+    bomb = exec_with_marker(marker, "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n")
+    assert run_python(bomb, limits=FAST).status == "timeout"
+    assert processes_with(marker) == []
+
+
 def test_process_limit_counts_threads(run_dirs, namespaces):
     code = (
         "import threading, time\n"

@@ -190,6 +190,10 @@ _CHUNK = 64 * 1024
 _POLL_S = 0.1  # how often the I/O loop checks whether the program has exited while a straggler holds its pipes
 _DRAIN_S = 0.25  # after the program exits, how long to wait for output still held by processes it left behind
 _STOP_GRACE_S = 1.0  # how long the launcher gets to take a run down before its process group is SIGKILLed
+# With a pid namespace, unshare exits only once the kernel has killed and reaped the whole namespace (it waits for its
+# init, whose exit does that). Killing unshare sooner would return while the run's processes are still dying, so it
+# gets this long: a fork bomb capped by the process limit under a loaded machine takes over a second.
+_NAMESPACE_STOP_GRACE_S = 30.0
 # The last stderr line of a program that died of an allocation failure (Python's MemoryError and subclasses such
 # as numpy's _ArrayMemoryError, C++'s bad_alloc, C's ENOMEM).
 _MEMORY_ERROR = re.compile(r"MemoryError\b|bad_alloc|Cannot allocate memory|[Oo]ut of memory")
@@ -327,7 +331,7 @@ def _execute(argv: list[str], stdin: str, limits: SandboxLimits, run_dir: str, p
         if killed_for is None:
             report = _read_report(report_r)
     finally:
-        _stop(proc, report_r)
+        _stop(proc, report_r, _NAMESPACE_STOP_GRACE_S if plan.namespaces else _STOP_GRACE_S)
     err = stderr.decode("utf-8", "replace")
     if "error" in report:
         err = f"{err.rstrip()}\nsandbox: {report['error']}".lstrip()
@@ -343,14 +347,14 @@ def _execute(argv: list[str], stdin: str, limits: SandboxLimits, run_dir: str, p
     )
 
 
-def _stop(proc: subprocess.Popen, report_r: int) -> None:
+def _stop(proc: subprocess.Popen, report_r: int, grace_s: float) -> None:
     """End the run, whether or not it has ended by itself. Closing the report pipe makes the launcher take the run
     down; as a pid namespace's init it just exits, upon which the kernel kills and reaps everything in the namespace
     before unshare, which waits for it, can exit. So when `proc` has exited, nothing of the run is left. Without a pid
     namespace, whatever left the process group (setsid) survives this."""
     os.close(report_r)
     try:
-        proc.wait(timeout=_STOP_GRACE_S)
+        proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
     try:
