@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,6 +21,8 @@ MAX_FILES = 8  # what a lent machine returns from $OUT at most
 
 def _env(tmp_path, **extra):
     env = {key: value for key, value in os.environ.items() if key not in ("QUIVER_GPU_SUITE_DEVICE", "GPU_REPORT")}
+    # The script runs `python3`, as on the GPU machine: here it is this test's Python, activated venv or not.
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env.update(OUT=str(tmp_path / "out"), GPU_CHECK_REPORTS=str(tmp_path / "reports"),
                GPU_CHECK_LANE_TMP=str(tmp_path / "lane"), **extra)
     return env
@@ -27,7 +30,7 @@ def _env(tmp_path, **extra):
 
 def _gpu_suite_tests():
     """The node ids of the GPU suite (tests/gpu), as pytest collects them."""
-    listed = subprocess.run(["python3", "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                              "tests/gpu"], cwd=REPO, capture_output=True, text=True, timeout=120).stdout
     return {line.removeprefix("tests/gpu/") for line in listed.splitlines() if line.startswith("tests/gpu/")}
 
