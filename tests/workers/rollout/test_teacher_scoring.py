@@ -45,4 +45,7 @@ def test_engine_scores_are_the_forward_over_the_padded_rows(tiny_model_dir):
     # Only the rows asked for are scored; the others stay 0 (another teacher's).
     only = engine_teacher_log_probs(engine, data, torch.tensor([False, True, False]), temperature=0.8)
     assert set(only) == {"teacher_log_probs"} and not only["teacher_log_probs"][[0, 2]].any()
-    assert torch.equal(only["teacher_log_probs"][1], out["teacher_log_probs"][1])
+    # Row 1 alone is a forward of another shape (one row of 6 tokens, not two of 7) than in the micro-batch with row
+    # 0: HFRollout.score is not batch-invariant (exact mode is), so its bits may differ by rounding (4.8e-7 on an AMD
+    # EPYC, bit-equal on the machines before). Its score is still row 1's, within the forward's tolerance above.
+    torch.testing.assert_close(only["teacher_log_probs"][1], out["teacher_log_probs"][1], atol=1e-5, rtol=0)
