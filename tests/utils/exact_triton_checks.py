@@ -148,3 +148,51 @@ def test_the_engines_log_probs_are_the_actors_bit_for_bit_on_the_triton_kernels(
         for fused in (False, True):
             expected = actor_log_probs(actor, batch, packed, 0.9, fused)
             assert torch.equal(batch.batch["rollout_log_probs"][mask], expected[mask]), (packed, fused)
+
+
+# Ops whose result the host must read from the device (a sync, and an error inside a CUDA graph's capture).
+_HOST_READS = {"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select", "_unique2", "unique_dim",
+               "unique_consecutive"}
+
+
+def test_the_exact_decode_step_reads_nothing_back_on_the_triton_route():
+    """On CUDA exact mode's engine captures its decode step, as it runs eagerly, into a CUDA graph
+    (static_decode.GraphedStep): the step -- transformers' forward over the static cache, exact mode's kernels, the
+    sampling -- must not read a device value on the host. Here its every dispatched op is watched on the Triton route
+    (greedy, sampled, top-k / top-p); the one read allowed is the CPU-only NaN check of HFRollout._pick, which CUDA
+    skips."""
+    import copy
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tests.utils.test_exact_kernels import PROMPTS, Tokenizer, model, rollout_batch
+    from verl.workers.rollout.base import SamplingParams
+    from verl.workers.rollout.hf_rollout import HFRollout
+
+    reads, steps = [], []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func._schema.name.split("::")[-1]
+            bool_index = name == "index" and any(getattr(i, "dtype", None) == torch.bool for i in args[1])
+            if name in _HOST_READS or bool_index or (name == "repeat_interleave" and len(args) == 1):
+                ours = [frame for frame in traceback.extract_stack() if "/verl/" in frame.filename]
+                if not (ours and ours[-1].name == "_pick"):
+                    reads.append((name, traceback.format_list(ours[-3:])))
+            return func(*args, **(kwargs or {}))
+
+    engine = HFRollout(exact_kernels.make_exact(copy.deepcopy(model())), Tokenizer(), seed=0, static_decode=True)
+    step = engine._decode_step
+
+    def watched(*args, **kwargs):
+        steps.append(1)
+        with Watch():
+            return step(*args, **kwargs)
+
+    engine._decode_step = watched
+    for params in (SamplingParams(temperature=0.0, max_tokens=3), SamplingParams(temperature=0.9, max_tokens=3),
+                   SamplingParams(temperature=0.9, top_k=5, top_p=0.9, max_tokens=3)):
+        rollout_batch(engine, PROMPTS[1:4], params, response_length=3)
+    assert len(steps) == 6
+    assert not reads, reads[:3]

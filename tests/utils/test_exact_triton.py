@@ -1,7 +1,8 @@
 """Exact mode's CUDA kernels (verl/utils/exact_triton.py) on the CPU, under Triton's interpreter, with every exact
 kernel routed to them: tests/utils/exact_triton_checks.py checks them against torch's (values and gradients) and the
 engine's log-probs against the actor's (torch.equal: sampled, both decode loops, padded and packed, with and without
-the fused head), and test_exact_kernels.py's kernel tests run again on them. The interpreter's dot is made per element as a GPU's is (tests/utils/triton_interpreter.py); on a GPU
+the fused head; the decode step reads nothing back on the host, as a CUDA graph's capture needs), and
+test_exact_kernels.py's kernel tests run again on them. The interpreter's dot is made per element as a GPU's is (tests/utils/triton_interpreter.py); on a GPU
 the same kernels are checked by tests/gpu/test_gpu_exact.py."""
 
 from __future__ import annotations

@@ -66,6 +66,7 @@ from verl.workers.rollout.static_decode import (
     STATIC_CACHES_KEPT,
     STATIC_DONE_CHECK,
     STOP_TOKEN,
+    GraphedStep,
     StaticSlot,
     StaticState,
     uses_static_decode,
@@ -149,10 +150,11 @@ class HFRollout(RolloutEngine):
         if self.static_decode and self.device.type == "cuda":
             # One CUDA graph per (rows, length, sampling settings): the static cache's tensors keep their addresses
             # across calls; the graph runs the model's step and the sampling from its logits. In exact mode the graph
-            # replays the eager kernels (backend "cudagraphs"): inductor would fuse the elementwise ops around the
-            # batch-invariant kernels and round them otherwise than the actor's eager forward does.
-            how = {"backend": "cudagraphs"} if is_exact(self.module) else {"mode": "reduce-overhead"}
-            self._decode_step = torch.compile(self._decode_and_sample, dynamic=False, **how)
+            # is captured from the eager step (GraphedStep), so that it runs the actor's kernels.
+            if is_exact(self.module):
+                self._decode_step = GraphedStep(self._decode_and_sample)
+            else:
+                self._decode_step = torch.compile(self._decode_and_sample, dynamic=False, mode="reduce-overhead")
         self.generator = None
         if seed is not None:
             self.generator = torch.Generator(device=self.device)

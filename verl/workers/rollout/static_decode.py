@@ -4,7 +4,8 @@ the compiled decode step (a CUDA graph) reads them where it was captured."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,6 +38,8 @@ class StaticState:
     diverged: torch.Tensor  # () bool: a sampled token's log-prob was NaN
     uniforms: torch.Tensor  # (length, rows, 1) float32: step t's random numbers at [t] (sampling only)
     stop_kinds: torch.Tensor | None = None  # (vocab,) long: per token id, the reason it ends a row (_stop_kinds)
+    # GraphedStep's CUDA graphs of the step over these buffers (and their slot's cache), per sampling setting
+    graphs: dict = field(default_factory=dict)
 
     @classmethod
     def allocate(cls, rows: int, length: int, device: torch.device) -> StaticState:
@@ -62,11 +65,12 @@ class StaticState:
         if self.stop_kinds is None or self.stop_kinds.shape != stop_kinds.shape:
             self.stop_kinds = torch.empty_like(stop_kinds)
             self._mark_static()
+            self.graphs.clear()  # they read the old buffer
         self.stop_kinds.copy_(stop_kinds)
 
     def _mark_static(self) -> None:
         for tensor in vars(self).values():
-            if tensor is not None:
+            if isinstance(tensor, torch.Tensor):
                 torch._dynamo.mark_static_address(tensor)
 
 
@@ -76,6 +80,66 @@ class StaticSlot:
 
     cache: object
     state: StaticState
+
+
+_WARMED = "warmed"  # GraphedStep: the setting's step ran once eagerly; the next call captures it
+
+
+def _warm_on_side_stream(run: Callable[[], None]) -> None:
+    """Run the step eagerly on a side stream, as torch.cuda.graph asks of the warm-up before a capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def _capture_cuda_graph(graph, run: Callable[[], None]) -> None:
+    with torch.cuda.graph(graph):
+        run()
+
+
+class GraphedStep:
+    """The static loop's step `(state, cache, greedy, temperature, top_k, top_p)` replayed as CUDA graphs captured from
+    its eager code, without torch.compile: exact mode's engine on CUDA (`rollout.exact`), whose step must run the very
+    kernels the actor's eager forward runs. Inductor would fuse the elementwise ops around them and round otherwise,
+    and torch.compile's plain "cudagraphs" backend functionalizes the step first, so that each token's in-place
+    write into the KV cache would become a copy of every layer's whole cache (and a second one back).
+
+    Per `state` (one batch shape's buffers and cache, whose addresses the graph reads) and sampling setting (plain
+    values baked into the graph): the first call runs the step eagerly, on a side stream (the warm-up: Triton
+    compiles its kernels, the allocator sees the step's temporaries); the second captures it and replays the graph
+    (a capture records the kernels without running them); later calls replay. The step must not read the device
+    from the host (tests/utils/exact_triton_checks.py checks the exact model's step on the Triton route). `new_graph`,
+    `warm` and `capture` are torch.cuda's unless a test hands stand-ins."""
+
+    def __init__(self, step: Callable[..., None], new_graph: Callable[[], object] | None = None,
+                 warm: Callable[[Callable[[], None]], None] | None = None,
+                 capture: Callable[[object, Callable[[], None]], None] | None = None):
+        self.step = step
+        self.new_graph = new_graph or torch.cuda.CUDAGraph
+        self.warm = warm or _warm_on_side_stream
+        self.capture = capture or _capture_cuda_graph
+        self.captured = 0  # graphs captured so far
+
+    def __call__(self, state: StaticState, cache, greedy: bool, temperature: float, top_k: int,
+                 top_p: float) -> None:
+        key = (bool(greedy), float(temperature), int(top_k), float(top_p))
+        graph = state.graphs.get(key)
+
+        def run() -> None:
+            self.step(state, cache, greedy, temperature, top_k, top_p)
+
+        if graph is None:
+            self.warm(run)
+            state.graphs[key] = _WARMED
+            return
+        if graph is _WARMED:
+            graph = self.new_graph()
+            self.capture(graph, run)
+            state.graphs[key] = graph
+            self.captured += 1
+        graph.replay()
 
 
 def uses_static_decode(static_decode: bool | None, device_type: str, varying_batches: bool = False) -> bool:
