@@ -93,9 +93,9 @@ def _model(dtype):
 @pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "sampled"])
 def test_the_engines_bf16_log_probs_are_the_actors_bit_for_bit_with_the_cuda_graph_decode(temperature, figures):
     import torch
+    from exact_models import actor_log_probs, rollout_batch
     from test_gpu_decode import _GraphCounts
 
-    from tests.utils.test_exact_kernels import actor_log_probs, rollout_batch
     from verl.utils.exact_kernels import make_exact
     from verl.workers.rollout.base import SamplingParams
     from verl.workers.rollout.hf_rollout import HFRollout

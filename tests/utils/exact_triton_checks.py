@@ -135,7 +135,8 @@ def test_the_engines_log_probs_are_the_actors_bit_for_bit_on_the_triton_kernels(
     different lengths, the actor padded and packed, with and without the fused head."""
     import copy
 
-    from tests.utils.test_exact_kernels import PROMPTS, Tokenizer, actor_log_probs, model, rollout_batch
+    from exact_models import PROMPTS, Tokenizer, actor_log_probs, model, rollout_batch
+
     from verl.workers.rollout.base import SamplingParams
     from verl.workers.rollout.hf_rollout import HFRollout
 
@@ -164,9 +165,9 @@ def test_the_exact_decode_step_reads_nothing_back_on_the_triton_route():
     import copy
     import traceback
 
+    from exact_models import PROMPTS, Tokenizer, model, rollout_batch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from tests.utils.test_exact_kernels import PROMPTS, Tokenizer, model, rollout_batch
     from verl.workers.rollout.base import SamplingParams
     from verl.workers.rollout.hf_rollout import HFRollout
 

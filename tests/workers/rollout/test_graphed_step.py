@@ -8,8 +8,8 @@ from __future__ import annotations
 import copy
 
 import torch
+from exact_models import PROMPTS, Tokenizer, model, rollout_batch
 
-from tests.utils.test_exact_kernels import PROMPTS, Tokenizer, model, rollout_batch
 from verl.utils.exact_kernels import make_exact
 from verl.workers.rollout.base import SamplingParams
 from verl.workers.rollout.hf_rollout import HFRollout
