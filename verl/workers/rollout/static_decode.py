@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -126,17 +127,13 @@ class GraphedStep:
                  top_p: float) -> None:
         key = (bool(greedy), float(temperature), int(top_k), float(top_p))
         graph = state.graphs.get(key)
-
-        def run() -> None:
-            self.step(state, cache, greedy, temperature, top_k, top_p)
-
         if graph is None:
-            self.warm(run)
+            self.warm(partial(self.step, state, cache, greedy, temperature, top_k, top_p))
             state.graphs[key] = _WARMED
             return
         if graph is _WARMED:
             graph = self.new_graph()
-            self.capture(graph, run)
+            self.capture(graph, partial(self.step, state, cache, greedy, temperature, top_k, top_p))
             state.graphs[key] = graph
             self.captured += 1
         graph.replay()
